@@ -1,0 +1,61 @@
+# Set-up is part of every target: a fresh clone needs only `make demo` or `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# Interpreters to test on: every one of 3.11, 3.12, 3.13 found on PATH or through pyenv.
+# Override with e.g. `make test PYTHONS="python3.11 /opt/py313/bin/python3.13"`.
+PYTHONS ?= $(shell for v in 3.11 3.12 3.13; do \
+	  if command -v python$$v >/dev/null 2>&1 && python$$v -c pass 2>/dev/null; then command -v python$$v; \
+	  elif command -v pyenv >/dev/null 2>&1 && p=$$(pyenv prefix $$v 2>/dev/null) && [ -x "$$p/bin/python$$v" ]; then echo "$$p/bin/python$$v"; \
+	  fi; done)
+PRIMARY := $(firstword $(PYTHONS))
+VENV := .venv
+PYTEST_ARGS ?=
+
+.PHONY: help demo test lint bench clean
+
+help:
+	@echo "make demo   - create .venv, install, run the offline demo (scripted model)"
+	@echo "make test   - lint, type-check and run the suite on: $(PYTHONS)"
+	@echo "make bench  - run the benchmarks and write benchmarks/RESULTS.md"
+
+# One venv per interpreter: .venv for the first, .venv-3.x for the others.
+venv_for = $(if $(filter $(1),$(PRIMARY)),$(VENV),$(VENV)-$(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])'))
+
+define ensure_venv
+	@if [ ! -x "$(2)/bin/python" ]; then echo "== creating $(2) with $(1)"; $(1) -m venv "$(2)"; fi
+	@if [ ! -f "$(2)/.installed" ] || [ pyproject.toml -nt "$(2)/.installed" ]; then \
+	  echo "== installing into $(2)"; \
+	  "$(2)/bin/python" -m pip install -q --upgrade pip && \
+	  "$(2)/bin/python" -m pip install -q -e '.[all,dev]' && touch "$(2)/.installed"; fi
+endef
+
+$(VENV)/.installed: pyproject.toml
+	$(call ensure_venv,$(PRIMARY),$(VENV))
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/python -m crashoverride demo
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check crashoverride integrations tests benchmarks examples
+	$(VENV)/bin/ruff format --check crashoverride integrations tests benchmarks examples
+	$(VENV)/bin/mypy --strict crashoverride integrations
+
+test: lint
+	@test -n "$(PYTHONS)" || { echo "no Python 3.11+ found"; exit 1; }
+	@set -e; for py in $(PYTHONS); do \
+	  v=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	  if [ "$$py" = "$(PRIMARY)" ]; then env=$(VENV); else env=$(VENV)-$$v; fi; \
+	  if [ ! -x "$$env/bin/python" ]; then echo "== creating $$env with $$py"; $$py -m venv "$$env"; fi; \
+	  if [ ! -f "$$env/.installed" ] || [ pyproject.toml -nt "$$env/.installed" ]; then \
+	    echo "== installing into $$env"; "$$env/bin/python" -m pip install -q --upgrade pip; \
+	    "$$env/bin/python" -m pip install -q -e '.[all,dev]'; touch "$$env/.installed"; fi; \
+	  echo "== pytest on Python $$v ($$py)"; \
+	  "$$env/bin/python" -m pytest $(PYTEST_ARGS); \
+	done
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) $(VENV)-3.* build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,43 @@
+"""crashoverride: an async-native, agentic exception handler.
+
+When a protected block raises, an LLM agent gets the exception, the traceback and tools wired
+into the live process; it repairs state or implements missing behaviour, and execution
+continues after the block, or the original exception is re-raised untouched.
+
+Importing this package is cheap: the Agents SDK, openai, structlog and asyncio are loaded only
+when a recovery starts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._app import CrashOverride
+from ._errors import ConfigurationError
+from ._handler import Handler
+
+if TYPE_CHECKING:
+    from ._report import RecoveryReport, ToolCallRecord, Usage
+
+__version__ = "0.3.0.dev0"
+
+__all__ = [
+    "ConfigurationError",
+    "CrashOverride",
+    "Handler",
+    "RecoveryReport",
+    "ToolCallRecord",
+    "Usage",
+    "__version__",
+]
+
+_LAZY = {"RecoveryReport", "ToolCallRecord", "Usage"}
+
+
+def __getattr__(name: str) -> Any:
+    # The report types pull in dataclasses; keep them off the import path until asked for.
+    if name in _LAZY:
+        from . import _report
+
+        return getattr(_report, name)
+    raise AttributeError(f"module 'crashoverride' has no attribute {name!r}")

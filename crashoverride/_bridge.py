@@ -1,0 +1,231 @@
+"""Where the agent runs, and how tool calls get back to the thread that owns the failed frame.
+
+The Agents SDK is asyncio-only, but tool code must run in the owner's thread (its frame, its
+contextvars, its event loop for top-level ``await``). Four placements:
+
+* ``async with`` on asyncio: the agent runs on the application's loop; tool calls run inline.
+* ``async with`` on trio (or another anyio backend): the agent runs on an asyncio loop in a
+  worker thread; each tool call hops back to the owner's loop with ``anyio.from_thread``.
+* ``with`` and no loop running in this thread: a temporary asyncio loop in this thread.
+* ``with`` while a loop runs in this thread (sync code called from async code): the agent runs
+  on a worker thread's loop and the blocked owner thread executes the tool calls it is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import queue
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from inspect import isawaitable
+from typing import Any, TypeVar
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+
+T = TypeVar("T")
+Job = Callable[[], Any]
+Dispatch = Callable[[Job], Awaitable[Any]]
+Session = Callable[[Dispatch], Coroutine[Any, Any, T]]
+
+# How long past the recovery deadline an owner waits for a stuck agent thread before leaving it.
+GRACE = 1.0
+
+
+def loop_running_here() -> bool:
+    """Whether an event loop (asyncio or trio) is running in the calling thread."""
+    if asyncio.events._get_running_loop() is not None:
+        return True
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            return False
+        return True
+    return False
+
+
+def on_asyncio() -> bool:
+    return asyncio.events._get_running_loop() is not None
+
+
+async def _run_job(job: Job) -> Any:
+    value = job()
+    if isawaitable(value):
+        value = await value
+    return value
+
+
+def placement_sync() -> str:
+    return "worker-thread-blocking" if loop_running_here() else "temporary-loop"
+
+
+def placement_async() -> str:
+    return "running-loop" if on_asyncio() else "worker-thread-hop"
+
+
+# ----------------------------------------------------------------------------------- waiting
+
+
+def _wake_soon(token: anyio.lowlevel.EventLoopToken, fn: Callable[[], None]) -> None:
+    native = token.native_token
+    try:
+        if isinstance(native, asyncio.AbstractEventLoop):
+            native.call_soon_threadsafe(fn)
+        else:  # trio's TrioToken
+            native.run_sync_soon(fn)  # type: ignore[attr-defined]
+    except Exception:  # the loop is gone; nobody is waiting any more
+        pass
+
+
+async def wait_future(future: concurrent.futures.Future[Any]) -> None:
+    """Wait, on any anyio backend, for a future completed by any thread. Cancellable."""
+    if future.done():
+        return
+    token = anyio.lowlevel.current_token()
+    event = anyio.Event()
+    owner = threading.get_ident()
+
+    def wake(_: concurrent.futures.Future[Any]) -> None:
+        if threading.get_ident() == owner:
+            event.set()
+        else:
+            _wake_soon(token, event.set)
+
+    future.add_done_callback(wake)
+    await event.wait()
+
+
+# ------------------------------------------------------------------------------ agent thread
+
+
+class AgentThread:
+    """A daemon thread running one coroutine on a fresh asyncio loop, cancellable from outside."""
+
+    def __init__(self, main: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        self.done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._main = main
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelled = False
+        self._thread = threading.Thread(target=self._run, name="crashoverride-agent", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            value = asyncio.run(self._wrapped())
+        except BaseException as exc:  # forwarded to the owner thread, which re-raises it
+            self.done.set_exception(exc)
+        else:
+            self.done.set_result(value)
+
+    async def _wrapped(self) -> Any:
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+            self._task = asyncio.current_task()
+            if self._cancelled:
+                raise asyncio.CancelledError
+        return await self._main()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # loop already closed: the thread is finishing
+                pass
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+# -------------------------------------------------------------------------------- placements
+
+
+def run_sync(session: Session[T], deadline: float) -> T:
+    """Run ``session`` from synchronous code; returns its result or raises what it raised."""
+    if not loop_running_here():
+        with asyncio.Runner() as runner:
+            return runner.run(session(_run_job))
+    return _run_blocking_owner(session, deadline)
+
+
+def _run_blocking_owner(session: Session[T], deadline: float) -> T:
+    jobs: queue.SimpleQueue[tuple[Job, concurrent.futures.Future[Any]] | None] = queue.SimpleQueue()
+
+    async def dispatch(job: Job) -> Any:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        jobs.put((job, future))
+        value = await asyncio.wrap_future(future)
+        # The owner's own loop is blocked by the caller, so awaitables finish on the agent loop.
+        if isawaitable(value):
+            value = await value
+        return value
+
+    worker = AgentThread(lambda: session(dispatch))
+    worker.done.add_done_callback(lambda _: jobs.put(None))
+    worker.start()
+    try:
+        while True:
+            try:
+                item = jobs.get(timeout=max(0.01, deadline + GRACE - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError("the recovery did not finish within its timeout") from None
+            if item is None:
+                break
+            job, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(job())
+            except Exception as exc:
+                future.set_exception(exc)
+    finally:
+        if not worker.done.done():
+            worker.cancel()
+            worker.join(GRACE)
+    return worker.done.result()  # type: ignore[no-any-return]
+
+
+async def run_async(session: Session[T], deadline: float) -> T:
+    """Run ``session`` from async code on any anyio backend."""
+    if on_asyncio():
+        return await session(_run_job)
+    return await _run_hopping(session, deadline)
+
+
+async def _run_hopping(session: Session[T], deadline: float) -> T:
+    token = anyio.lowlevel.current_token()
+    context = contextvars.copy_context()
+    serial = threading.Lock()
+
+    def in_owner(job: Job) -> Any:
+        # Serialised so the one captured context is never entered twice at once.
+        with serial:
+            return anyio.from_thread.run(_run_job, lambda: context.run(job), token=token)
+
+    async def dispatch(job: Job) -> Any:
+        return await asyncio.to_thread(in_owner, job)
+
+    worker = AgentThread(lambda: session(dispatch))
+    worker.start()
+    try:
+        with anyio.move_on_after(max(0.0, deadline + GRACE - time.monotonic())) as scope:
+            await wait_future(worker.done)
+        if scope.cancelled_caught:
+            raise TimeoutError("the recovery did not finish within its timeout")
+    finally:
+        if not worker.done.done():
+            worker.cancel()
+    return worker.done.result()  # type: ignore[no-any-return]

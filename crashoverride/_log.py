@@ -1,0 +1,33 @@
+"""structlog events of a recovery. The library emits; it never configures logging or structlog.
+
+Event names follow ``noun.verb_past``. Emitting must never disturb a recovery, so a failing
+logging pipeline is contained here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+STARTED = "recovery.started"
+TOOL_CALLED = "recovery.tool_called"
+SUCCEEDED = "recovery.succeeded"
+FAILED = "recovery.failed"
+SKIPPED = "recovery.skipped"
+LOOP_BLOCKED = "recovery.loop_blocked"
+CALLBACK_FAILED = "recovery.callback_failed"
+
+
+def emit(level: str, event: str, **fields: Any) -> None:
+    try:
+        import structlog
+
+        getattr(structlog.get_logger("crashoverride"), level)(event, **fields)
+    except Exception:  # a broken log pipeline must not replace the user's exception
+        pass
+
+
+def bound(**fields: Any) -> Any:
+    """Bind ``fields`` to structlog's contextvars for the duration of a recovery."""
+    import structlog.contextvars
+
+    return structlog.contextvars.bound_contextvars(**fields)

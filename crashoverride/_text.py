@@ -1,0 +1,148 @@
+"""Bounded renderings of exceptions, tracebacks and values for prompts and tool results.
+
+Whatever failed, the text we hand to a model stays small: a ``RecursionError`` has ~1000
+frames, a message can be megabytes and a local can be a 2 GB bytes object.
+"""
+
+from __future__ import annotations
+
+import reprlib
+import traceback
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+from ._redact import MASK, is_secret_name
+
+TRACEBACK_LIMIT = 12_000
+MESSAGE_LIMIT = 2_000
+RESULT_LIMIT = 4_000
+LOCALS_LIMIT = 4_000
+_HEAD_FRAMES = 8
+_TAIL_FRAMES = 24
+
+
+def clip(text: str, limit: int) -> str:
+    """Keep the head and tail of ``text`` within ``limit`` characters, marking the cut."""
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 60, 20)
+    head = keep * 2 // 3
+    tail = keep - head
+    return f"{text[:head]}\n... [{len(text) - head - tail} characters elided] ...\n{text[-tail:]}"
+
+
+def _short_repr() -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxstring = 160
+    r.maxother = 160
+    r.maxlong = 60
+    r.maxlist = r.maxtuple = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 8
+    r.maxdict = 8
+    r.maxlevel = 3
+    return r
+
+
+_REPR = _short_repr()
+
+
+def _wide_repr() -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = RESULT_LIMIT
+    r.maxlong = 400
+    r.maxlist = r.maxtuple = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 60
+    r.maxdict = 60
+    r.maxlevel = 6
+    return r
+
+
+_WIDE = _wide_repr()
+
+
+def safe_repr(value: object) -> str:
+    """A bounded repr that never raises (a broken ``__repr__`` is data, not a crash)."""
+    try:
+        return _REPR.repr(value)
+    except Exception as exc:  # any user __repr__ may fail
+        return f"<{type(value).__name__} (repr failed: {type(exc).__name__})>"
+
+
+def describe_exception(exc: BaseException) -> str:
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<str() failed>"
+    return f"{type(exc).__module__}.{type(exc).__qualname__}: {clip(message, MESSAGE_LIMIT)}"
+
+
+def format_traceback(exc: BaseException, tb: TracebackType | None = None) -> str:
+    """Format ``exc`` with its chain, keeping the head and tail of very deep stacks."""
+    try:
+        te = traceback.TracebackException(
+            type(exc), exc, tb if tb is not None else exc.__traceback__, compact=True
+        )
+        for item in _chain(te):
+            stack = item.stack
+            if len(stack) > _HEAD_FRAMES + _TAIL_FRAMES:
+                hidden = len(stack) - _HEAD_FRAMES - _TAIL_FRAMES
+                kept = list(stack[:_HEAD_FRAMES]) + list(stack[-_TAIL_FRAMES:])
+                item.stack = traceback.StackSummary.from_list(kept)
+                _note_hidden(item, hidden)
+            # ``_str`` is the rendered message; there is no public way to shorten it.
+            message = getattr(item, "_str", None)
+            if isinstance(message, str) and len(message) > MESSAGE_LIMIT:
+                item._str = clip(message, MESSAGE_LIMIT)  # type: ignore[attr-defined]
+        text = "".join(te.format())
+    except Exception as problem:  # a traceback we cannot format must not end the recovery
+        text = f"(traceback unavailable: {type(problem).__name__}: {problem})\n"
+    return clip(text, TRACEBACK_LIMIT)
+
+
+def _chain(te: traceback.TracebackException) -> list[traceback.TracebackException]:
+    seen: list[traceback.TracebackException] = []
+    pending = [te]
+    while pending:
+        item = pending.pop()
+        if any(item is s for s in seen):
+            continue
+        seen.append(item)
+        for nxt in (item.__cause__, item.__context__):
+            if nxt is not None:
+                pending.append(nxt)
+        pending.extend(item.exceptions or ())
+    return seen
+
+
+def _note_hidden(item: traceback.TracebackException, hidden: int) -> None:
+    notes = list(item.__notes__ or [])
+    notes.append(f"[crashoverride: {hidden} middle frames of this traceback were elided]")
+    item.__notes__ = notes
+
+
+def summarize_locals(names: Mapping[str, Any], limit: int = LOCALS_LIMIT) -> str:
+    """One line per local: name, type and a short repr; secret-looking names are masked."""
+    lines: list[str] = []
+    used = 0
+    items = list(names.items())
+    for index, (name, value) in enumerate(items):
+        if name.startswith("__") and name.endswith("__"):
+            continue
+        shown = MASK if is_secret_name(name) else safe_repr(value)
+        line = f"  {name} ({type(value).__name__}) = {shown}"
+        if used + len(line) > limit:
+            lines.append(f"  ... {len(items) - index} more (inspect them with eval_python)")
+            break
+        lines.append(line)
+        used += len(line) + 1
+    return "\n".join(lines) if lines else "  (none)"
+
+
+def render_value(value: object, limit: int = RESULT_LIMIT) -> str:
+    """Render a tool result: strings as they are (bounded), other values by bounded repr."""
+    if isinstance(value, str):
+        return clip(value, limit)
+    try:
+        text = _WIDE.repr(value)
+    except Exception as exc:
+        return f"<{type(value).__name__} (repr failed: {type(exc).__name__})>"
+    return clip(text, limit)

@@ -1,0 +1,181 @@
+"""The Python namespace the agent's ``eval_python`` / ``exec_python`` tools execute in.
+
+Name resolution: tool-local names (kept across calls), then the protected frame's locals, then
+its globals, then builtins. Assignments stay tool-local; ``caller[...]`` writes through to the
+protected frame and ``global`` statements reach module globals. Code is registered in
+``linecache`` so tracebacks show it and ``inspect.getsource`` works on functions it defines.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import inspect
+import io
+import itertools
+import linecache
+import os
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from types import CodeType, TracebackType
+from typing import Any
+
+from ._frames import CallerLocals
+from ._text import clip, render_value
+
+_VALUE = "__crashoverride_value__"
+_COUNTER = itertools.count(1)
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# Sources of agent code stay visible to tracebacks and ``inspect`` for patched functions, but
+# their number is bounded so a long-running server does not grow without limit.
+_MAX_SOURCES = 2_000
+_SOURCES: OrderedDict[str, None] = OrderedDict()
+
+
+class AgentExit(Exception):
+    """Agent code called ``sys.exit()``: a recovery never exits the process; it ends instead."""
+
+
+def _register_source(source: str) -> str:
+    filename = f"<crashoverride-{next(_COUNTER)}>"
+    lines = source.splitlines(keepends=True)
+    linecache.cache[filename] = (len(source), None, lines, filename)
+    _SOURCES[filename] = None
+    while len(_SOURCES) > _MAX_SOURCES:
+        old, _ = _SOURCES.popitem(last=False)
+        linecache.cache.pop(old, None)
+    return filename
+
+
+class _Names(MutableMapping[str, Any]):
+    """The ``locals`` mapping given to ``exec``: scratch first, then the caller's locals."""
+
+    def __init__(self, scratch: dict[str, Any], caller: Mapping[str, Any] | None) -> None:
+        self.scratch = scratch
+        self.caller = caller
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self.scratch[name]
+        except KeyError:
+            if self.caller is None:
+                raise
+            return self.caller[name]
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.scratch[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        del self.scratch[name]
+
+    def __iter__(self) -> Iterator[str]:
+        seen = dict.fromkeys(self.scratch)
+        if self.caller is not None:
+            seen.update(dict.fromkeys(self.caller))
+        return iter(seen)
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+class Workspace:
+    """One recovery's execution namespace, bound to the live protected frame."""
+
+    def __init__(
+        self,
+        *,
+        globals_: dict[str, Any],
+        caller: CallerLocals | Mapping[str, Any] | None,
+        bindings: Mapping[str, Any],
+    ) -> None:
+        self.globals = globals_
+        self.caller = caller
+        self._output = io.StringIO()
+        self.scratch: dict[str, Any] = {"print": self._print, **bindings, "caller": caller}
+        self._names = _Names(self.scratch, caller)
+
+    def _print(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("file") is not None:
+            builtins.print(*args, **kwargs)
+            return
+        kwargs["file"] = self._output
+        builtins.print(*args, **kwargs)
+
+    def take_output(self) -> str:
+        text = self._output.getvalue()
+        self._output = io.StringIO()
+        return text
+
+    # -- compiling -------------------------------------------------------------------------
+
+    def _compile(self, source: str, mode: str) -> CodeType:
+        filename = _register_source(source)
+        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        if mode == "eval":
+            code: CodeType = compile(source, filename, "eval", flags=flags, dont_inherit=True)
+            return code
+        tree = ast.parse(source, filename, "exec")
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            # REPL-style: the value of a trailing expression is the tool's result.
+            last = tree.body[-1]
+            tree.body[-1] = ast.copy_location(
+                ast.Assign(targets=[ast.Name(_VALUE, ast.Store())], value=last.value), last
+            )
+            ast.fix_missing_locations(tree)
+        module: CodeType = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
+        return module
+
+    # -- jobs: run in the owner thread by the bridge; may return an awaitable ---------------
+
+    def evaluate(self, expression: str) -> Any:
+        code = self._compile(expression.strip(), "eval")
+        return self._guard(lambda: eval(code, self.globals, self._names), code)
+
+    def execute(self, statements: str) -> Any:
+        code = self._compile(statements, "exec")
+
+        return self._guard(lambda: eval(code, self.globals, self._names), code, trailing=True)
+
+    def _guard(self, run: Callable[[], Any], code: CodeType, *, trailing: bool = False) -> Any:
+        try:
+            value = run()
+        except SystemExit as exc:
+            raise AgentExit(f"agent code called sys.exit({exc.code!r})") from None
+        if code.co_flags & inspect.CO_COROUTINE:
+            # Top-level await: ``value`` is a coroutine, awaited wherever the bridge can.
+            return self._finish_async(value, trailing)
+        return self.scratch.pop(_VALUE, None) if trailing else value
+
+    async def _finish_async(self, awaitable: Any, trailing: bool) -> Any:
+        try:
+            value = await awaitable
+        except SystemExit as exc:
+            raise AgentExit(f"agent code called sys.exit({exc.code!r})") from None
+        return self.scratch.pop(_VALUE, None) if trailing else value
+
+    def close(self) -> None:
+        """Drop every reference into the failed frame so it can be freed."""
+        if isinstance(self.caller, CallerLocals):
+            self.caller.release()
+        self.scratch.clear()
+        self._names.caller = None
+        self.caller = None
+
+
+def format_tool_error(exc: BaseException) -> str:
+    """The traceback the model sees: agent code frames onward, our own frames left out."""
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    return clip(text, 4_000)
+
+
+def describe_result(value: Any, printed: str) -> str:
+    parts = []
+    if printed:
+        parts.append(clip(printed, 3_000))
+    if value is not None:
+        parts.append(render_value(value))
+    return "\n".join(parts) if parts else "OK (no output, no value)"
