@@ -124,7 +124,9 @@ class CrashOverride:
         if (
             model is UNSET
             and catch is UNSET
+            and type(tools) is tuple
             and not tools
+            and type(mcp_servers) is tuple
             and not mcp_servers
             and system_prompt is UNSET
             and timeout is UNSET

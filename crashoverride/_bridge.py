@@ -201,19 +201,43 @@ def _run_blocking_owner(session: Session[T], deadline: float) -> T:
 async def run_async(session: Session[T], deadline: float) -> T:
     """Run ``session`` from async code on any anyio backend."""
     if on_asyncio():
-        return await session(_run_job)
+        return await _run_shielded(session)
     return await _run_hopping(session, deadline)
+
+
+async def _run_shielded(session: Session[T]) -> T:
+    # The SDK handles cancellation of its tool tasks itself and may re-raise a fresh
+    # CancelledError, which would confuse the caller's cancel scopes (anyio's, TaskGroup's).
+    # So the agent gets its own task: when the caller is cancelled, the agent task is
+    # cancelled too and the caller's own CancelledError propagates unchanged.
+    task = asyncio.get_running_loop().create_task(session(_run_job))
+    try:
+        return await asyncio.shield(task)
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 async def _run_hopping(session: Session[T], deadline: float) -> T:
     token = anyio.lowlevel.current_token()
     context = contextvars.copy_context()
     serial = threading.Lock()
+    # Scopes of agent code running on the owner's loop, so cancelling the recovery stops it.
+    active: set[anyio.CancelScope] = set()
+
+    async def guarded(job: Job) -> Any:
+        with anyio.CancelScope() as scope:
+            active.add(scope)
+            try:
+                return await _run_job(lambda: context.run(job))
+            finally:
+                active.discard(scope)
+        raise RuntimeError("the recovery was cancelled while this code ran")
 
     def in_owner(job: Job) -> Any:
         # Serialised so the one captured context is never entered twice at once.
         with serial:
-            return anyio.from_thread.run(_run_job, lambda: context.run(job), token=token)
+            return anyio.from_thread.run(guarded, job, token=token)
 
     async def dispatch(job: Job) -> Any:
         return await asyncio.to_thread(in_owner, job)
@@ -228,4 +252,6 @@ async def _run_hopping(session: Session[T], deadline: float) -> T:
     finally:
         if not worker.done.done():
             worker.cancel()
+            for running in list(active):
+                running.cancel()
     return worker.done.result()  # type: ignore[no-any-return]

@@ -1,0 +1,44 @@
+"""Small builders for scripted-model recoveries used by the core tests."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from agents.testing import ScriptedModel, assistant_message, function_call
+
+_ids = itertools.count(1)
+
+
+def exec_step(statements: str) -> list[Any]:
+    return [function_call("exec_python", {"statements": statements}, call_id=f"x{next(_ids)}")]
+
+
+def eval_step(expression: str) -> list[Any]:
+    return [function_call("eval_python", {"expression": expression}, call_id=f"v{next(_ids)}")]
+
+
+def give_up_step(reason: str) -> list[Any]:
+    return [function_call("give_up", {"reason": reason}, call_id=f"g{next(_ids)}")]
+
+
+def done_step(text: str = "done") -> list[Any]:
+    return [assistant_message(text)]
+
+
+def scripted(*steps: list[Any]) -> ScriptedModel:
+    return ScriptedModel(list(steps))
+
+
+def tool_outputs(model: ScriptedModel) -> list[str]:
+    """The tool results the model was sent, in order (from the recorded calls)."""
+    outputs: list[str] = []
+    seen: set[str] = set()
+    for call in model.calls:
+        items = call.input if isinstance(call.input, list) else []
+        for item in items:
+            is_output = isinstance(item, dict) and item.get("type") == "function_call_output"
+            if is_output and item["call_id"] not in seen:
+                seen.add(item["call_id"])
+                outputs.append(str(item["output"]))
+    return outputs
