@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._bridge import Dispatch, Job
@@ -47,6 +47,7 @@ class AgentJob:
         deadline: float,
         redact: Callable[[str], str],
         on_tool: Callable[[ToolCallRecord], None],
+        tools: Sequence[Callable[..., Any]] = (),
     ) -> None:
         self.settings = settings
         self.instructions = instructions
@@ -57,6 +58,7 @@ class AgentJob:
         self.deadline = deadline
         self.redact = redact
         self.on_tool = on_tool
+        self.tools = tuple(tools)  # per-recovery tools (e.g. spawn_followup)
 
 
 def import_sdk() -> None:
@@ -101,6 +103,12 @@ def _user_tools(settings: Settings) -> list[Any]:
         else:
             tools.append(function_tool(tool, failure_error_function=_tool_failure))
     return tools
+
+
+def _job_tools(job: AgentJob) -> list[Any]:
+    from agents import function_tool
+
+    return [function_tool(tool, failure_error_function=_tool_failure) for tool in job.tools]
 
 
 def _tool_failure(_: Any, error: Exception) -> str:
@@ -200,7 +208,7 @@ async def run_agent(job: AgentJob, dispatch: Dispatch) -> AgentRun:
         agent_kwargs: dict[str, Any] = {
             "name": "crashoverride",
             "instructions": job.instructions,
-            "tools": _tools(job, dispatch) + _user_tools(settings),
+            "tools": _tools(job, dispatch) + _job_tools(job) + _user_tools(settings),
             "mcp_servers": list(settings.mcp_servers),
             "tool_use_behavior": stop_when_ended,
         }

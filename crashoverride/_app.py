@@ -42,6 +42,11 @@ class CrashOverride:
         breaker_cooldown: ...for this many seconds, during which recoveries are skipped.
         tracing: Export SDK traces (off by default: tracebacks and locals are sensitive).
         on_recovery: Called with every ``RecoveryReport``; its exceptions are logged, not raised.
+        followups: Follow-up objectives run in the background after every recovery that ran an
+            agent (see ``crashoverride.followups``).
+        followup_runner: Where follow-ups run; default: the current runner (``followups.using``)
+            or a supervised thread.
+        followup_timeout: Wall-clock budget of one follow-up agent run, in seconds.
     """
 
     __slots__ = ("_limits_lock", "_limits_state", "_settings")
@@ -69,6 +74,9 @@ class CrashOverride:
         breaker_cooldown: float = 600.0,
         tracing: bool = False,
         on_recovery: Callable[[RecoveryReport], Any] | None = None,
+        followups: str | Sequence[str] = (),
+        followup_runner: Any = None,
+        followup_timeout: float = 600.0,
     ) -> None:
         self._settings = Settings.for_app(
             project_prompt=project_prompt,
@@ -91,6 +99,9 @@ class CrashOverride:
             breaker_cooldown=breaker_cooldown,
             tracing=tracing,
             on_recovery=on_recovery,
+            followups=followups,
+            followup_runner=followup_runner,
+            followup_timeout=followup_timeout,
         )
         self._limits_lock = _thread.allocate_lock()
         self._limits_state: Limits | None = None
@@ -113,13 +124,18 @@ class CrashOverride:
         openai_client_factory: Any = UNSET,
         agent_factory: Any = UNSET,
         tracing: Any = UNSET,
+        followup: str | None = None,
+        followups: str | Sequence[str] = (),
+        followup_runner: Any = UNSET,
+        followup_timeout: Any = UNSET,
     ) -> Handler:
         """A handler for one kind of block: use it as ``with``, ``async with`` or a decorator.
 
         Tools and MCP servers are added to the application's; every other argument overrides
         the application setting. ``postcondition`` is called after the agent finished with a
         mapping of the block's locals (decorator form: ``result``, ``args``, ``kwargs``); it
-        may be async; a false result means not recovered.
+        may be async; a false result means not recovered. ``followup`` / ``followups`` add
+        objectives to the application's follow-ups (background agent runs after a recovery).
         """
         if (
             model is UNSET
@@ -138,6 +154,10 @@ class CrashOverride:
             and openai_client_factory is UNSET
             and agent_factory is UNSET
             and tracing is UNSET
+            and followup is None
+            and not followups
+            and followup_runner is UNSET
+            and followup_timeout is UNSET
         ):
             return Handler(self, prompt, None)
         return Handler(
@@ -158,6 +178,10 @@ class CrashOverride:
                 "openai_client_factory": openai_client_factory,
                 "agent_factory": agent_factory,
                 "tracing": tracing,
+                # Added to the application's follow-ups; ``followup`` is the one-objective form.
+                "followups": _objectives(followup, followups),
+                "followup_runner": followup_runner,
+                "followup_timeout": followup_timeout,
             },
         )
 
@@ -185,3 +209,10 @@ class CrashOverride:
         from ._agent import import_sdk
 
         await anyio.to_thread.run_sync(import_sdk)
+
+
+def _objectives(one: str | None, many: str | Sequence[str]) -> Any:
+    from ._settings import check_followups
+
+    extra = check_followups(many) + (check_followups(one, "followup") if one is not None else ())
+    return extra or UNSET

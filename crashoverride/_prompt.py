@@ -12,6 +12,8 @@ Tools:
 - exec_python(statements): run statements; the value of a trailing expression and anything
   printed are returned. Top-level `await` works.
 - give_up(reason): stop; the original exception is re-raised with your reason attached.
+- spawn_followup(objective, context): queue background agent work that starts when you finish
+  and receives your report (a permanent fix, a ticket, a deeper look); rule 7 applies to it.
 Both Python tools run in the globals of the module that failed. Names resolve: names you
 assigned in earlier tool calls, then the failed block's local variables, then the module's
 globals, then builtins. Assignments stay private to your session; to change a local variable

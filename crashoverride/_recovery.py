@@ -128,6 +128,7 @@ class Recovery:
         self.leading = False
         self.slot: Any = None
         self.workspace: Any = None
+        self.followups: Any = None
 
     # -- events ----------------------------------------------------------------------------
 
@@ -167,6 +168,7 @@ class Recovery:
     def prepare(self) -> Any:
         """Build the workspace and texts; returns the AgentJob (runs in the owner thread)."""
         from ._agent import AgentJob
+        from ._followup import FollowupSession
         from ._frames import CallerLocals
         from ._prompt import build_input, build_instructions
         from ._tools import Workspace
@@ -176,10 +178,13 @@ class Recovery:
         caller: Any = block.caller
         if caller is None and block.frame is not None:
             caller = CallerLocals(block.frame)
+        # Follow-ups the agent asks for are submitted when the recovery concludes.
+        self.followups = FollowupSession(self.settings, self.id)
         bindings = {
             "error": exc,
             "give_up": state.give_up,
             "raise_instead": state.raise_instead,
+            "spawn_followup": self.followups.spawn,
             **block.bindings,
         }
         if block.returns:
@@ -213,6 +218,7 @@ class Recovery:
             deadline=time.monotonic() + settings.timeout,
             redact=self.redact,
             on_tool=self.on_tool,
+            tools=self.followups.tools(),
         )
 
     def started(self, placement: str) -> None:
@@ -305,6 +311,9 @@ class Recovery:
                 callback(report)
             except Exception as exc:
                 _log.emit("error", _log.CALLBACK_FAILED, error=repr(exc), **self.fields())
+        if self.followups is not None:
+            self.followups.conclude(report)  # never raises; submits in the owner's context
+            self.followups = None
         self.release()
         return decision
 

@@ -128,6 +128,27 @@ def _check_servers(name: str, value: object) -> tuple[Any, ...]:
     return tuple(value)
 
 
+def check_followups(value: object, name: str = "followups") -> tuple[str, ...]:
+    """Follow-up objectives: one string or a sequence of non-empty strings."""
+    items = (value,) if isinstance(value, str) else value
+    if not isinstance(items, Sequence) or not all(
+        isinstance(item, str) and item.strip() for item in items
+    ):
+        raise ConfigurationError(name, "expected a str or a sequence of non-empty str objectives")
+    return tuple(item.strip() for item in items)
+
+
+def _check_runner(value: object) -> object:
+    if value is None:
+        return None
+    # A followups.FollowupRunner or JobRunner, checked by shape to keep this module light.
+    if not any(callable(getattr(value, method, None)) for method in ("submit", "submit_job")):
+        raise ConfigurationError(
+            "followup_runner", f"expected a follow-up runner, got {type(value).__name__}"
+        )
+    return value
+
+
 def _union(first: tuple[Any, ...], second: tuple[Any, ...]) -> tuple[Any, ...]:
     """Concatenate, dropping items already present by identity (not equality)."""
     seen = {id(item) for item in first}
@@ -151,6 +172,9 @@ class Settings:
         "breaker_window",
         "catch",
         "concurrency_wait",
+        "followup_runner",
+        "followup_timeout",
+        "followups",
         "max_concurrent_recoveries",
         "max_turns",
         "mcp_servers",
@@ -191,6 +215,9 @@ class Settings:
     on_recovery: Callable[..., Any] | None
     postcondition: Callable[..., Any] | None
     name: str | None
+    followups: tuple[str, ...]
+    followup_runner: object
+    followup_timeout: float
 
     def __init__(self, **values: Any) -> None:
         for key in self.__slots__:
@@ -223,6 +250,9 @@ class Settings:
         breaker_cooldown: object,
         tracing: object,
         on_recovery: object,
+        followups: object = (),
+        followup_runner: object = None,
+        followup_timeout: object = 600.0,
     ) -> Settings:
         return cls(
             project_prompt=_check_str("project_prompt", project_prompt),
@@ -250,6 +280,9 @@ class Settings:
             on_recovery=_check_callable("on_recovery", on_recovery),
             postcondition=None,
             name=None,
+            followups=check_followups(followups),
+            followup_runner=_check_runner(followup_runner),
+            followup_timeout=_check_number("followup_timeout", followup_timeout),
         )
 
     def for_handler(self, overrides: dict[str, Any]) -> Settings:
@@ -269,12 +302,16 @@ class Settings:
             "postcondition": lambda v: _check_callable("postcondition", v),
             "name": lambda v: _check_str("name", v, optional=True),
             "tracing": lambda v: _check_bool("tracing", v),
+            "followup_runner": _check_runner,
+            "followup_timeout": lambda v: _check_number("followup_timeout", v),
         }
         for key, value in overrides.items():
             if value is UNSET:
                 continue
             if key == "tools":
                 values[key] = _union(self.tools, _check_tools("tools", value))
+            elif key == "followups":
+                values[key] = tuple(dict.fromkeys(self.followups + check_followups(value)))
             elif key == "mcp_servers":
                 values[key] = _union(self.mcp_servers, _check_servers("mcp_servers", value))
             elif key in checks:
