@@ -1,0 +1,240 @@
+"""Task wrappers: recovered tasks return a value and spare their siblings; others fail as usual."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from crashoverride.integrations.asyncio import task
+
+from crashoverride import ConfigurationError, CrashOverride
+from tests.helpers import done_step, exec_step, give_up_step, scripted
+
+pytestmark = pytest.mark.anyio
+# asyncio's own TaskGroup and create_task exist only on the asyncio backend.
+asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
+
+async def test_agent_sets_the_result_of_a_failed_coroutine(anyio_backend: str) -> None:
+    co = CrashOverride(model=scripted(exec_step("set_result(kwargs['n'] + 1)"), done_step()))
+    guard = task(co, prompt="Return n + 1.")
+
+    @guard
+    async def increment(*, n: int) -> int:
+        await anyio.lowlevel.checkpoint()
+        raise NotImplementedError
+
+    assert await increment(n=41) == 42
+    assert guard.report is not None and guard.report.recovered
+    assert guard.report.handler == "task"
+    assert increment.__name__ == "increment"
+
+
+async def test_rerun_after_the_agent_repairs_the_code(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The agent patches this module's ``parse``: start from (and restore) the broken one.
+    monkeypatch.setitem(globals(), "parse", _broken_parse)
+    model = scripted(
+        exec_step(
+            "def parse(text):\n    return int(text.strip())\nglobals()['parse'] = parse\nrerun()"
+        ),
+        done_step("patched parse"),
+    )
+    co = CrashOverride(model=model)
+    calls: list[str] = []
+
+    @task(co)
+    async def load(text: str) -> int:
+        calls.append(text)
+        await anyio.lowlevel.checkpoint()
+        return parse(text)
+
+    assert await load(" 7 ") == 7
+    assert calls == [" 7 ", " 7 "]  # the failed call, then exactly one re-run
+    assert await load("8") == 8  # later calls use the repaired function
+
+
+def _broken_parse(text: str) -> int:
+    raise ValueError(f"cannot parse {text!r}")
+
+
+parse = _broken_parse
+
+
+async def test_unrecovered_task_raises_its_original_exception(anyio_backend: str) -> None:
+    co = CrashOverride(model=scripted(give_up_step("no trustworthy value")))
+
+    @task(co)
+    async def fetch() -> int:
+        raise KeyError("article_text")
+
+    with pytest.raises(KeyError, match="article_text") as info:
+        await fetch()
+    assert any("gave up" in note for note in info.value.__notes__)
+
+
+async def test_uncaught_exception_types_pass_without_a_recovery(anyio_backend: str) -> None:
+    model = scripted()  # any model call would fail the test: no steps scripted
+    co = CrashOverride(model=model, catch=KeyError)
+
+    @task(co)
+    async def fetch() -> int:
+        raise ValueError("not ours")
+
+    with pytest.raises(ValueError, match="not ours"):
+        await fetch()
+    assert not model.calls
+
+
+@asyncio_only
+async def test_asyncio_taskgroup_recovered_task_spares_its_siblings(anyio_backend: str) -> None:
+    co = CrashOverride(model=scripted(exec_step("set_result('recovered')"), done_step()))
+    guard = task(co)
+    finished: list[str] = []
+
+    @guard
+    async def broken() -> str:
+        await asyncio.sleep(0.01)
+        raise RuntimeError("extractor broke")
+
+    async def sibling() -> str:
+        await asyncio.sleep(0.3)  # still running while the recovery happens
+        finished.append("sibling")
+        return "sibling"
+
+    async with asyncio.TaskGroup() as tg:
+        first = tg.create_task(broken())
+        second = tg.create_task(sibling())
+    assert (first.result(), second.result()) == ("recovered", "sibling")
+    assert finished == ["sibling"]
+
+
+@asyncio_only
+async def test_asyncio_taskgroup_unrecovered_task_cancels_siblings_as_usual(
+    anyio_backend: str,
+) -> None:
+    co = CrashOverride(model=scripted(give_up_step("cannot")))
+    cancelled: list[str] = []
+
+    @task(co)
+    async def broken() -> str:
+        raise RuntimeError("extractor broke")
+
+    async def sibling() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append("sibling")
+            raise
+
+    with pytest.raises(ExceptionGroup) as info:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(broken())
+            tg.create_task(sibling())
+    assert [type(e) for e in info.value.exceptions] == [RuntimeError]
+    assert str(info.value.exceptions[0]) == "extractor broke"
+    assert cancelled == ["sibling"]
+
+
+async def test_anyio_task_group_recovered_task_spares_its_siblings(anyio_backend: str) -> None:
+    co = CrashOverride(model=scripted(exec_step("set_result(len(args))"), done_step()))
+    results: dict[str, Any] = {}
+
+    @task(co)
+    async def broken(*parts: str) -> int:
+        await anyio.sleep(0.01)
+        raise RuntimeError("boom")
+
+    async def run_broken() -> None:
+        results["broken"] = await broken("a", "b")
+
+    async def sibling() -> None:
+        await anyio.sleep(0.3)
+        results["sibling"] = "done"
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run_broken)
+        tg.start_soon(sibling)
+    assert results == {"broken": 2, "sibling": "done"}
+
+
+async def test_anyio_task_group_unrecovered_task_cancels_siblings(anyio_backend: str) -> None:
+    co = CrashOverride(model=scripted(give_up_step("cannot")))
+    cancelled: list[str] = []
+
+    @task(co)
+    async def broken() -> None:
+        raise RuntimeError("boom")
+
+    async def sibling() -> None:
+        try:
+            await anyio.sleep(30)
+        except anyio.get_cancelled_exc_class():
+            cancelled.append("sibling")
+            raise
+
+    with pytest.raises(ExceptionGroup) as info:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sibling)
+            tg.start_soon(broken)
+    assert [str(e) for e in info.value.exceptions] == ["boom"]
+    assert cancelled == ["sibling"]
+
+
+@asyncio_only
+async def test_wrapped_coroutine_object_and_create_task(anyio_backend: str) -> None:
+    model = scripted(
+        exec_step("rerun()"),  # refused for a coroutine object: the agent sees the error
+        exec_step("set_result(caller['page'].upper())"),
+        done_step(),
+    )
+    co = CrashOverride(model=model)
+    guard = task(co, prompt="Return the page text upper-cased.")
+
+    async def fetch(url: str) -> str:
+        page = f"text of {url}"
+        await asyncio.sleep(0)
+        raise ConnectionError(page)
+
+    spawned = guard.create_task(fetch("a.example"), name="fetch-a")
+    assert spawned in guard._tasks  # held until it ends: never garbage-collected mid-flight
+    assert await spawned == "TEXT OF A.EXAMPLE"
+    await asyncio.sleep(0)
+    assert spawned not in guard._tasks
+    first_output = str(model.calls[1].input)
+    assert "rerun() is not available" in first_output
+
+
+@asyncio_only
+async def test_cancellation_is_never_recovered(anyio_backend: str) -> None:
+    model = scripted()
+    co = CrashOverride(model=model)
+    started = asyncio.Event()
+
+    @task(co)
+    async def slow() -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    running = asyncio.create_task(slow())
+    await started.wait()
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert not model.calls
+
+
+def test_only_coroutines_are_accepted() -> None:
+    guard = task(CrashOverride())
+
+    def plain() -> None:
+        pass
+
+    with pytest.raises(ConfigurationError):
+        guard(plain)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError):
+        guard.wrap(42)  # type: ignore[arg-type]
