@@ -1,0 +1,243 @@
+"""One HTTP exchange as it passes through the middleware, and replays of it.
+
+The happy path only records: a pristine copy of the scope, the request body as it is read (up to
+a bound) and whether ``http.response.start`` went out. Everything else here runs after a failure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import anyio
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# A replay's response is held in memory until it is sent; an endless stream must not exhaust it.
+MAX_CAPTURED_BODY = 32 * 1024 * 1024
+
+
+class NotReplayable(RuntimeError):
+    """The request cannot be run again (its body was too large, or the client left)."""
+
+
+class Exchange:
+    """Per-request recorder; its ``receive`` and ``send`` wrap the server's."""
+
+    __slots__ = (
+        "_body_ready",
+        "_receive",
+        "_send",
+        "chunks",
+        "complete",
+        "disconnected",
+        "limit",
+        "scope",
+        "size",
+        "started",
+    )
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        # Routing mutates the scope in place (endpoint, path_params...): a replay needs it as the
+        # server delivered it.
+        self.scope = dict(scope)
+        self._receive = receive
+        self._send = send
+        self.limit = limit
+        # Body chunks by reference (no copies); None once the body outgrew ``limit``.
+        self.chunks: list[bytes] | None = []
+        self.size = 0
+        self.complete = False
+        self.started = False
+        self.disconnected = False
+        self._body_ready: anyio.Event | None = None
+
+    # -- happy path ------------------------------------------------------------------------
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self._record(message)
+        elif message["type"] == "http.disconnect":
+            self.disconnected = True
+        return message
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            # Set before sending: a start that failed half-way may still have reached the client.
+            self.started = True
+        await self._send(message)
+
+    def _record(self, message: Message) -> None:
+        if self.complete:
+            return
+        body = message.get("body", b"")
+        self.size += len(body)
+        chunks = self.chunks
+        if chunks is not None:
+            if self.size > self.limit:
+                self.chunks = None  # not replayable: let go of what we held
+            elif body:
+                chunks.append(body)
+        if not message.get("more_body", False):
+            self.complete = True
+
+    # -- after a failure -------------------------------------------------------------------
+
+    @property
+    def body(self) -> bytes | None:
+        """The whole request body, if it was read completely and fits in the replay buffer."""
+        if not self.complete or self.chunks is None:
+            return None
+        return b"".join(self.chunks)
+
+    @property
+    def replayable(self) -> bool | None:
+        """True / False, or None while the rest of the body is still being read."""
+        if self.chunks is None or (self.disconnected and not self.complete):
+            return False
+        return True if self.complete else None
+
+    async def pump(self, on_disconnect: Callable[[], None]) -> None:
+        """Own the client's channel during a recovery.
+
+        The app stopped reading when it raised: finish reading the body (bounded) so the request
+        can be replayed, then wait for the client to go away and report it.
+        """
+        ready = self._ready_event()
+        try:
+            while True:
+                message = await self._receive()
+                if message["type"] == "http.request":
+                    self._record(message)
+                    if self.complete:
+                        ready.set()
+                elif message["type"] == "http.disconnect":
+                    self.disconnected = True
+                    ready.set()
+                    on_disconnect()
+                    return
+        except Exception:
+            # A broken channel is the server's business; the recovery goes on without a body.
+            self.chunks = None
+            ready.set()
+
+    def _ready_event(self) -> anyio.Event:
+        if self._body_ready is None:
+            self._body_ready = anyio.Event()
+            if self.complete or self.chunks is None:
+                self._body_ready.set()
+        return self._body_ready
+
+    async def full_body(self) -> bytes:
+        if not self.complete and self.chunks is not None and not self.disconnected:
+            await self._ready_event().wait()
+        body = self.body
+        if body is None:
+            if self.chunks is None:
+                raise NotReplayable(
+                    f"the request body is larger than max_replay_body ({self.limit} bytes) and "
+                    "was not kept; answer with respond() instead"
+                )
+            raise NotReplayable("the client disconnected before the request body was complete")
+        return body
+
+
+class CapturedResponse:
+    """A response produced by a replay (or by ``respond``), held until it is sent."""
+
+    __slots__ = ("body", "raw_headers", "source", "status")
+
+    def __init__(
+        self, status: int, raw_headers: list[tuple[bytes, bytes]], body: bytes, source: str
+    ) -> None:
+        self.status = status
+        self.raw_headers = raw_headers
+        self.body = body
+        self.source = source
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.raw_headers]
+
+    def header(self, name: str) -> str | None:
+        wanted = name.lower().encode("latin-1")
+        for key, value in self.raw_headers:
+            if key.lower() == wanted:
+                return value.decode("latin-1")
+        return None
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def __repr__(self) -> str:
+        preview = self.body[:300].decode("utf-8", errors="replace")
+        more = f" ... ({len(self.body)} bytes)" if len(self.body) > 300 else ""
+        kind = self.header("content-type") or "no content-type"
+        return f"<{self.source} response {self.status} {kind}: {preview!r}{more}>"
+
+
+async def replay(app: ASGIApp, exchange: Exchange) -> CapturedResponse:
+    """Run the request through ``app`` again; capture the response instead of sending it."""
+    body = await exchange.full_body()
+    scope = dict(exchange.scope)
+    # Extensions that make the app hand the response to the server some other way (files by
+    # path, trailers, pushes) cannot be captured: the replay must use plain body messages.
+    extensions = scope.get("extensions") or {}
+    scope["extensions"] = {
+        key: value for key, value in extensions.items() if not key.startswith("http.response.")
+    }
+    status: int | None = None
+    headers: list[tuple[bytes, bytes]] = []
+    parts: list[bytes] = []
+    size = 0
+    done = False
+    delivered = False
+
+    async def replay_receive() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        # The live client is watched by the recovery itself, which cancels us if it leaves.
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def capture(message: Message) -> None:
+        nonlocal status, headers, size, done
+        kind = message["type"]
+        if kind == "http.response.start":
+            if status is not None:
+                raise RuntimeError("the replay sent http.response.start twice")
+            status = int(message["status"])
+            headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", ())]
+        elif kind == "http.response.body":
+            if status is None or done:
+                raise RuntimeError("the replay sent a body outside a response")
+            chunk = bytes(message.get("body", b""))
+            size += len(chunk)
+            if size > MAX_CAPTURED_BODY:
+                raise RuntimeError(f"the replayed response exceeds {MAX_CAPTURED_BODY} bytes")
+            parts.append(chunk)
+            done = not message.get("more_body", False)
+
+    await app(scope, replay_receive, capture)
+    if status is None or not done:
+        raise RuntimeError("the replay ended without a complete response")
+    return CapturedResponse(status, headers, b"".join(parts), "replayed")
+
+
+async def send_response(send: Send, response: CapturedResponse) -> None:
+    await send(
+        {"type": "http.response.start", "status": response.status, "headers": response.raw_headers}
+    )
+    await send({"type": "http.response.body", "body": response.body, "more_body": False})

@@ -1,0 +1,363 @@
+"""ASGI middleware: a request whose endpoint raises is repaired and answered instead of a 500.
+
+Usage with Starlette or FastAPI::
+
+    app.add_middleware(CrashOverrideMiddleware, crash_override=co, prompt="...")
+
+What it does:
+
+* ``http`` requests: the endpoint runs untouched. If it raises a ``catch``-matching exception
+  before ``http.response.start`` was sent, a recovery runs with request tools
+  (``request``, ``replay_request()``, ``respond(...)``, ``spawn_background(...)``). Only when it
+  produced a trustworthy response (a captured replay or ``respond``) is that response sent;
+  otherwise the original exception propagates and the app's normal 500 is returned.
+* The request body is recorded as it is read, up to ``max_replay_body`` bytes, so the request
+  can be replayed. Larger bodies still stream to the app unchanged; they are just not replayable.
+* If the response had already started, nothing more is sent: the exception propagates and a
+  ``recovery.skipped`` event says why.
+* ``lifespan``: passed through; the middleware also opens the task group background work
+  spawned by recoveries runs in, and drains it (bounded) at shutdown.
+* ``websocket`` and other scopes: passed straight through. Websocket recovery is not supported.
+
+Installed with ``add_middleware`` it sits inside Starlette's ``ServerErrorMiddleware`` (which
+turns a propagated exception into the 500) and outside ``ExceptionMiddleware`` (so handled
+``HTTPException`` responses never reach it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from crashoverride._app import CrashOverride
+from crashoverride._errors import ConfigurationError
+from crashoverride._settings import UNSET
+
+from ._asgi_background import BackgroundRunner
+from ._asgi_exchange import (
+    ASGIApp,
+    CapturedResponse,
+    Exchange,
+    Message,
+    NotReplayable,
+    Receive,
+    Scope,
+    Send,
+    send_response,
+)
+
+if TYPE_CHECKING:
+    from ._asgi_block import RequestRecovery
+
+__all__ = ["BackgroundRunner", "CapturedResponse", "CrashOverrideMiddleware", "NotReplayable"]
+
+CANCELLED = "recovery.cancelled"
+DEFAULT_TIMEOUT = 30.0
+DEFAULT_MAX_REPLAY_BODY = 4 * 1024 * 1024
+# The core ends a recovery at ``timeout``; this backstop also bounds the waits around it.
+_BUDGET_SLACK = 1.0
+_STARTED = "the response had already started; a second http.response.start is never sent"
+
+
+class CrashOverrideMiddleware:
+    """Recover failed HTTP requests with a CrashOverride agent.
+
+    Args:
+        app: The ASGI application to protect.
+        crash_override: The application's ``CrashOverride``.
+        prompt: The recovery objective for requests (added to the built-in request brief).
+        include: Path patterns to protect (globs like ``"/api/*"`` or compiled regexes);
+            default: every path.
+        exclude: Path patterns never to protect; wins over ``include``.
+        methods: HTTP methods to protect; default: all (the agent is told which are not
+            idempotent).
+        catch: Exception class(es) that trigger a recovery; default: the application's.
+        timeout: Budget of one request's recovery, in seconds. Keep it under your proxy's
+            timeout so the client gets an answer (recovered or the 500) before it gives up.
+        max_replay_body: Request bodies up to this many bytes are kept for replay.
+        request_id_header: Header whose value is logged as ``request_id`` with every event.
+        shutdown_grace: Seconds background work gets to finish when the app shuts down.
+        name: Handler name in events and reports (default ``"request"``).
+        tools: Extra agent tools for request recoveries.
+        mcp_servers: Extra MCP servers for request recoveries.
+        model: Overrides the application's model.
+        max_turns: Overrides the application's ``max_turns``.
+        followups: Follow-up objectives added to the application's (see
+            ``crashoverride.followups``). Follow-ups of a request recovery run in the lifespan's
+            task group unless a ``followup_runner`` is configured.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        crash_override: CrashOverride,
+        prompt: str = "",
+        include: Iterable[str | re.Pattern[str]] = (),
+        exclude: Iterable[str | re.Pattern[str]] = (),
+        methods: Iterable[str] | None = None,
+        catch: Any = UNSET,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_replay_body: int = DEFAULT_MAX_REPLAY_BODY,
+        request_id_header: str | None = "x-request-id",
+        shutdown_grace: float = 10.0,
+        name: str | None = None,
+        tools: Iterable[Any] = (),
+        mcp_servers: Iterable[Any] = (),
+        model: Any = UNSET,
+        max_turns: Any = UNSET,
+        followups: str | Iterable[str] = (),
+    ) -> None:
+        if not callable(app):
+            raise ConfigurationError("app", f"expected an ASGI application, got {app!r}")
+        if not isinstance(crash_override, CrashOverride):
+            raise ConfigurationError(
+                "crash_override", f"expected a CrashOverride, got {type(crash_override).__name__}"
+            )
+        self.app = app
+        self._co = crash_override
+        self.settings = crash_override._settings.for_handler(
+            {
+                "prompt": prompt,
+                "catch": catch,
+                "timeout": timeout,
+                "name": name,
+                "tools": _sequence("tools", tools),
+                "mcp_servers": _sequence("mcp_servers", mcp_servers),
+                "model": model,
+                "max_turns": max_turns,
+                "followups": _objectives(followups),
+            }
+        )
+        self._catch = self.settings.catch
+        self._include = _patterns("include", include)
+        self._exclude = _patterns("exclude", exclude)
+        self._methods = _methods(methods)
+        self._limit = _non_negative_int("max_replay_body", max_replay_body)
+        self._grace = _non_negative_number("shutdown_grace", shutdown_grace)
+        if request_id_header is not None and (
+            not isinstance(request_id_header, str) or not request_id_header.strip()
+        ):
+            raise ConfigurationError("request_id_header", "expected a header name or None")
+        self._request_id = (
+            request_id_header.strip().lower().encode("latin-1") if request_id_header else None
+        )
+        self._filtered = bool(self._include or self._exclude or self._methods)
+        self._runner: BackgroundRunner | None = None
+
+    @property
+    def background(self) -> BackgroundRunner | None:
+        """The runner of the current lifespan (None outside one); ``submit(fn, name=...)``."""
+        return self._runner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            if self._filtered and not self._protects(scope):
+                await self.app(scope, receive, send)
+            else:
+                await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(scope, receive, send)
+        else:  # websocket and any future scope type: not ours to touch
+            await self.app(scope, receive, send)
+
+    def _protects(self, scope: Scope) -> bool:
+        if self._methods and scope.get("method") not in self._methods:
+            return False
+        path = scope.get("path", "")
+        if self._include and not any(p.fullmatch(path) for p in self._include):
+            return False
+        return not any(p.fullmatch(path) for p in self._exclude)
+
+    # -- http ------------------------------------------------------------------------------
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange = Exchange(scope, receive, send, self._limit)
+        try:
+            await self.app(scope, exchange.receive, exchange.send)
+        except Exception as exc:
+            if not isinstance(exc, self._catch):
+                raise
+            if exchange.started:
+                self._skip_started(exc, exchange)
+                raise
+            response = await self._recover(exc, exchange)
+            if response is None:
+                raise  # the original exception, untouched: the app's normal 500 follows
+            await send_response(send, response)
+
+    def _skip_started(self, exc: Exception, exchange: Exchange) -> None:
+        from crashoverride import _log
+        from crashoverride._recovery import fingerprint
+
+        from ._asgi_block import RequestInfo
+
+        info = RequestInfo(exchange)
+        _log.emit(
+            "warning", _log.SKIPPED, reason=_STARTED, fingerprint=fingerprint(exc),
+            exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            handler=self.settings.name or "request", method=info.method, path=info.path,
+        )  # fmt: skip
+        exc.add_note(f"crashoverride: recovery skipped: {_STARTED}")
+
+    async def _recover(self, exc: Exception, exchange: Exchange) -> CapturedResponse | None:
+        from crashoverride import _log
+        from crashoverride._flow import recover_async
+
+        from ._asgi_block import RequestRecovery
+
+        job: RequestRecovery | None = RequestRecovery(
+            app=self.app,
+            exc=exc,
+            exchange=exchange,
+            runner=self._runner,
+            request_id_header=self._request_id,
+        )
+        assert job is not None
+        fields = job.fields
+        decision = None
+        try:
+            with anyio.move_on_after(self.settings.timeout + _BUDGET_SLACK) as budget:
+                async with anyio.create_task_group() as group:
+                    # The client's channel is ours now: finish the body, watch for a disconnect.
+                    group.start_soon(exchange.pump, group.cancel_scope.cancel)
+                    try:
+                        with self._followups_here():
+                            decision = await recover_async(
+                                self.settings, self._co._limits(), exc, job.block
+                            )
+                    finally:
+                        group.cancel_scope.cancel()
+            if decision is None:
+                reason = None
+                if exchange.disconnected:
+                    reason = "the client disconnected"
+                elif budget.cancelled_caught:
+                    reason = f"the request's budget (timeout={self.settings.timeout:g}s) ran out"
+                if reason is not None:
+                    _log.emit("warning", CANCELLED, reason=reason, **fields)
+                    exc.add_note(f"crashoverride: recovery cancelled: {reason}")
+                return None
+            if decision.replacement is not None:
+                raise decision.replacement from exc
+            if not decision.suppress:
+                return None
+            if decision.replayed:
+                value: CapturedResponse = decision.value
+                return value
+            return job.response
+        finally:
+            job = None  # drop the frames the block refers to
+
+    def _followups_here(self) -> contextlib.AbstractContextManager[Any]:
+        """Send this recovery's follow-ups to the lifespan's task group (unless configured)."""
+        runner = self._runner
+        if runner is None or self.settings.followup_runner is not None:
+            return contextlib.nullcontext()
+        from crashoverride import followups
+
+        return followups.using(runner)
+
+    # -- lifespan --------------------------------------------------------------------------
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        failure: Exception | None = None
+        async with anyio.create_task_group() as group:
+            runner = BackgroundRunner(group, self._grace)
+
+            async def lifespan_receive() -> Message:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    self._runner = runner
+                elif message["type"] == "lifespan.shutdown":
+                    # Finish follow-up work while the app's resources still exist, then let
+                    # the app's own shutdown run.
+                    if self._runner is runner:
+                        self._runner = None
+                    await runner.drain()
+                return message
+
+            try:
+                await self.app(scope, lifespan_receive, send)
+            except Exception as exc:
+                # Re-raised below, outside the task group, so the server sees the app's own
+                # exception rather than an exception group of ours.
+                failure = exc
+            finally:
+                if self._runner is runner:
+                    self._runner = None
+                runner.cancel_all()
+        if failure is not None:
+            try:
+                raise failure
+            finally:
+                failure = None
+
+
+# -- option validation ------------------------------------------------------------------------
+
+
+def _sequence(name: str, value: Any) -> tuple[Any, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ConfigurationError(name, f"expected a tuple or list, got {type(value).__name__}")
+    return tuple(value)
+
+
+def _objectives(value: Any) -> Any:
+    # Checked (with the argument's name) by the core settings; only iterables are copied here.
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        return value
+    return tuple(value)
+
+
+def _patterns(name: str, value: Any) -> tuple[re.Pattern[str], ...]:
+    if isinstance(value, str | re.Pattern):
+        value = (value,)  # a single pattern is a common slip; accept it
+    if not isinstance(value, Iterable):
+        raise ConfigurationError(name, f"expected path patterns, got {type(value).__name__}")
+    compiled = []
+    for item in value:
+        if isinstance(item, re.Pattern):
+            compiled.append(item)
+        elif isinstance(item, str) and item:
+            compiled.append(re.compile(fnmatch.translate(item)))
+        else:
+            raise ConfigurationError(
+                name, f"expected glob strings or compiled regexes, got {item!r}"
+            )
+    return tuple(compiled)
+
+
+def _methods(value: Any) -> frozenset[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, Iterable):
+        raise ConfigurationError("methods", f"expected method names, got {type(value).__name__}")
+    methods = set()
+    for item in value:
+        if not isinstance(item, str) or not item.isalpha():
+            raise ConfigurationError("methods", f"expected HTTP method names, got {item!r}")
+        methods.add(item.upper())
+    if not methods:
+        raise ConfigurationError("methods", "must name at least one method, or be None for all")
+    return frozenset(methods)
+
+
+def _non_negative_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(name, f"expected a non-negative int, got {value!r}")
+    return value
+
+
+def _non_negative_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ConfigurationError(name, f"expected a non-negative number, got {value!r}")
+    return float(value)
