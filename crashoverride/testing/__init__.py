@@ -18,7 +18,8 @@ Nothing here imports the Agents SDK until a ``ScriptedModel`` is built.
 from __future__ import annotations
 
 from ._cassette import Cassette, CassetteError, CassetteMismatch
-from ._server import MockServer, ReceivedRequest
+from ._http import ReceivedRequest
+from ._server import MockServer
 from ._steps import (
     Fault,
     Message,

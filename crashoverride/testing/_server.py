@@ -1,8 +1,6 @@
 """``MockServer``: an OpenAI-compatible chat-completions endpoint on loopback, for wire tests.
 
-It runs the stdlib ``http.server`` in a daemon thread rather than an ASGI server: a hang fault
-is then just a blocked handler thread, startup needs no event loop (so sync, asyncio and trio
-tests use it alike), and closing it never waits for a client that went away.
+It runs in a daemon thread (see ``_http``), so sync, asyncio and trio tests use it alike.
 
 Three modes, chosen by the arguments: a *script* (steps from ``_steps``, faults included), a
 *cassette* replay, or *recording*: a proxy to a real endpoint that stores every exchange.
@@ -11,49 +9,20 @@ Three modes, chosen by the arguments: a *script* (steps from ``_steps``, faults 
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import urllib.error
 import urllib.request
 from collections import deque
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from ._cassette import Cassette, CassetteError, make_scrubber
-from ._chat import completion_for_turn, error_body, sse_events
-from ._steps import Fault, Script, StepLike, Turn, as_script
+from ._chat import completion_for_turn, error_body
+from ._http import ReceivedRequest, Reply, ServerThread
+from ._steps import Script, StepLike, Turn, as_script
 
 _LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 _NO_RETRY = (("x-should-retry", "false"),)  # the openai client honours it: a miss is final
-
-
-@dataclass(frozen=True, slots=True)
-class ReceivedRequest:
-    """One request the server received, in arrival order."""
-
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: Any
-
-    @property
-    def stream(self) -> bool:
-        return isinstance(self.body, dict) and bool(self.body.get("stream"))
-
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        return list(self.body.get("messages") or []) if isinstance(self.body, dict) else []
-
-
-@dataclass(frozen=True, slots=True)
-class _Reply:
-    status: int = 200
-    body: bytes = b""
-    headers: tuple[tuple[str, str], ...] = ()
-    completion: dict[str, Any] | None = None  # streamed or sent as JSON, as the client asked
-    fault: Fault | None = None
 
 
 class MockServer:
@@ -113,7 +82,7 @@ class MockServer:
         self._turn = 0
         self.errors: list[str] = []
         self._release = threading.Event()
-        self._httpd: _HTTPServer | None = None
+        self._httpd: ServerThread | None = None
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -122,7 +91,7 @@ class MockServer:
         if self._httpd is not None:
             return self
         self._release.clear()
-        httpd = _HTTPServer((self._host, self._port), _Handler)
+        httpd = ServerThread((self._host, self._port))
         httpd.mock = self
         self._httpd = httpd
         self._thread = threading.Thread(
@@ -213,13 +182,13 @@ class MockServer:
 
     # -- answering (handler threads) -------------------------------------------------------
 
-    def _receive(self, request: ReceivedRequest) -> _Reply:
+    def _receive(self, request: ReceivedRequest) -> Reply:
         with self._lock:
             self._requests.append(request)
             self._turn += 1
             turn_number = self._turn
         if not request.path.rstrip("/").endswith("/chat/completions"):
-            return _Reply(
+            return Reply(
                 404, error_body(f"the mock serves /v1/chat/completions, not {request.path}")
             )
         if not isinstance(request.body, dict) or "messages" not in request.body:
@@ -232,10 +201,10 @@ class MockServer:
                 completion = self.cassette.response_for(turn_number, request.body, make_scrubber())
             except CassetteError as exc:
                 return self._miss(turn_number, str(exc), 400)
-            return _Reply(completion=completion)
+            return Reply(completion=completion)
         return self._scripted(turn_number, request.body)
 
-    def _scripted(self, number: int, body: dict[str, Any]) -> _Reply:
+    def _scripted(self, number: int, body: dict[str, Any]) -> Reply:
         with self._lock:
             turn = self._next_turn()
         if turn is None:
@@ -243,9 +212,9 @@ class MockServer:
         if turn.fault is not None:
             fault = turn.fault
             if fault.kind == "status":
-                return _Reply(fault.status, fault.body.encode(), fault.headers)
-            return _Reply(fault=fault)
-        return _Reply(completion=completion_for_turn(turn, body, number))
+                return Reply(fault.status, fault.body.encode(), fault.headers)
+            return Reply(fault=fault)
+        return Reply(completion=completion_for_turn(turn, body, number))
 
     def _next_turn(self) -> Turn | None:
         if not self._turns:
@@ -261,13 +230,13 @@ class MockServer:
         self._fault_uses = 0
         return self._turns.popleft()
 
-    def _miss(self, number: int, message: str, status: int) -> _Reply:
+    def _miss(self, number: int, message: str, status: int) -> Reply:
         # Never a made-up completion: the client gets an error, the test gets the reason.
         with self._lock:
             self.errors.append(message)
-        return _Reply(status, error_body(message), _NO_RETRY)
+        return Reply(status, error_body(message), _NO_RETRY)
 
-    def _forward(self, body: dict[str, Any], headers: dict[str, str]) -> _Reply:
+    def _forward(self, body: dict[str, Any], headers: dict[str, str]) -> Reply:
         token = headers.get("authorization", "").removeprefix("Bearer ").strip()
         key = self._upstream_key or token
         # Ask the upstream for a whole completion whatever the client asked: the cassette
@@ -288,126 +257,12 @@ class MockServer:
                 (name, value) for name, value in exc.headers.items()
                 if name.lower() in ("retry-after", "retry-after-ms", "x-should-retry")
             )  # fmt: skip
-            return _Reply(exc.code, exc.read(), passed)
+            return Reply(exc.code, exc.read(), passed)
         except (OSError, ValueError) as exc:
-            return _Reply(502, error_body(f"upstream failed: {exc}", "upstream_error"))
+            return Reply(502, error_body(f"upstream failed: {exc}", "upstream_error"))
         assert self.cassette is not None
         with self._lock:
             self.cassette.record(body, completion, make_scrubber([key, token]))
             if self.cassette.path is not None:
                 self.cassette.save()
-        return _Reply(completion=completion)
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False  # close() must not wait for a client that hung up mid-hang
-    mock: MockServer
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self._open: set[socket.socket] = set()
-        self._open_lock = threading.Lock()
-        super().__init__(address, handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._open_lock:
-            self._open.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._open_lock:
-            self._open.discard(request)
-        super().shutdown_request(request)
-
-    def drop_connections(self) -> None:
-        """End idle keep-alive connections so their threads exit and close their sockets."""
-        with self._open_lock:
-            sockets = list(self._open)
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Clients that give up (timeouts, cancelled recoveries) are expected here, not errors.
-        pass
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
-    server: _HTTPServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # tests assert on ``requests``, not on stderr noise
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        try:
-            body: Any = json.loads(raw) if raw else None
-        except ValueError:
-            body = raw.decode("utf-8", "replace")
-        headers = {name.lower(): value for name, value in self.headers.items()}
-        request = ReceivedRequest("POST", self.path, headers, body)
-        reply = self.server.mock._receive(request)
-        try:
-            self._send(reply, request)
-        except OSError:
-            self.close_connection = True  # the client went away; nothing left to tell it
-
-    def do_GET(self) -> None:
-        self._send_bytes(404, error_body("the mock serves POST /v1/chat/completions"), ())
-
-    def _send(self, reply: _Reply, request: ReceivedRequest) -> None:
-        fault = reply.fault
-        if fault is not None and fault.kind == "hang":
-            mock = self.server.mock
-            seconds = fault.seconds if fault.seconds is not None else mock._max_hang
-            mock._release.wait(min(seconds, mock._max_hang))
-            self.close_connection = True
-            return
-        if fault is not None and fault.kind == "malformed":
-            if request.stream:
-                self._send_stream([b'data: {"id": "chatcmpl-broken", "choices": [\n\n'])
-            else:
-                self._send_bytes(200, b'{"id": "chatcmpl-broken", "choices": [', ())
-            return
-        if reply.completion is None:
-            self._send_bytes(reply.status, reply.body, reply.headers)
-        elif request.stream:
-            options = request.body.get("stream_options") or {}
-            usage = bool(isinstance(options, dict) and options.get("include_usage"))
-            self._send_stream(sse_events(reply.completion, include_usage=usage))
-        else:
-            self._send_bytes(200, json.dumps(reply.completion).encode(), ())
-
-    def _connection_header(self) -> None:
-        if not self.server.mock.keep_alive:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-
-    def _send_bytes(self, status: int, body: bytes, headers: tuple[tuple[str, str], ...]) -> None:
-        self.send_response(status)
-        self._connection_header()
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in headers:
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
-        self.wfile.flush()
-
-    def _send_stream(self, events: Any) -> None:
-        self.send_response(200)
-        self._connection_header()
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        for event in events:
-            self.wfile.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
-            self.wfile.flush()
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+        return Reply(completion=completion)
