@@ -1,0 +1,276 @@
+"""Celery: recover failed tasks inside the worker; run follow-ups as a durable Celery task.
+
+    from celery import Celery
+    from crashoverride.integrations.celery import CrashOverrideTask, install
+
+    app = Celery("shop", broker=..., backend=..., task_cls=CrashOverrideTask)
+    install(app, crash_override)  # the instance tasks use, and the crashoverride.followup task
+
+    @app.task(recovery_prompt="Return the invoice total; never invent amounts.")
+    def invoice_total(invoice_id): ...
+
+``CrashOverrideTask`` wraps ``Task.__call__``, which workers and eager mode both honour. A
+recovered task returns the value the agent set, so the result backend stores it. Celery's own
+control flow passes untouched: ``Retry``, ``Ignore``, ``Reject``, ``MaxRetriesExceededError``,
+``SoftTimeLimitExceeded`` and the task's ``throws``. An unrecovered task re-raises its original
+exception, so retries work as usual; with ``autoretry_for`` Celery retries first (it wraps
+``run``) and the agent sees the exception only once the retries are exhausted.
+
+Per task (``@app.task(...)`` keywords or subclass attributes): ``crash_override`` (instance; else
+the app's ``install``), ``recovery_prompt``, ``recovery_options`` (``CrashOverride.handler``
+options) and ``recover`` (False to opt out). ``async def`` task bodies run on a fresh event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import inspect
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any
+
+import celery
+from celery._state import _task_stack
+
+from crashoverride import followups
+
+if TYPE_CHECKING:
+    from crashoverride import CrashOverride, Handler
+    from crashoverride._recovery import Block
+    from crashoverride.followups import FollowupJob
+
+__all__ = ["FOLLOWUP_QUEUE", "FOLLOWUP_TASK", "CeleryRunner", "CrashOverrideTask", "install"]
+
+FOLLOWUP_TASK = "crashoverride.followup"
+FOLLOWUP_QUEUE = "crashoverride.followups"
+CONF_INSTANCE = "crashoverride"
+CONF_QUEUE = "crashoverride_followup_queue"
+
+CELERY_BRIEF = """\
+This is the Celery task `{name}` (id {id}, retries so far: {retries}), running in a worker.
+`request` holds its request (id, name, args, kwargs, retries, delivery_info) and `task` the task
+object. The task body has ended; its locals are readable through `caller`. Finish in one of two
+ways: `set_result(value)` (the task returns it and the result backend stores it), or, after
+repairing the code, `rerun()` to run the body once more with the same arguments. A task can be
+delivered more than once: check for side effects of earlier attempts before redoing anything. If
+neither is right, call give_up: the task then fails as usual and Celery's retry rules apply."""
+
+
+def _control_flow() -> tuple[type[BaseException], ...]:
+    from celery.exceptions import (
+        Ignore,
+        MaxRetriesExceededError,
+        Reject,
+        Retry,
+        SoftTimeLimitExceeded,
+    )
+
+    # A soft time limit means the task is out of time: an agent run would only hit the hard one.
+    return (Retry, Ignore, Reject, MaxRetriesExceededError, SoftTimeLimitExceeded)
+
+
+class CrashOverrideTask(celery.Task):  # type: ignore[misc]
+    """A Celery ``Task`` whose failures are recovered in the worker (see the module docs)."""
+
+    crash_override: CrashOverride | None = None
+    recovery_prompt: str = ""
+    recovery_options: Mapping[str, Any] | None = None
+    recover: bool = True
+    _co_cached: tuple[Any, Handler] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        handler = self._recovery_handler()
+        if handler is None:
+            return super().__call__(*args, **kwargs)
+        # What ``Task.__call__`` does, so the request stays in place while the agent works
+        # (``self.request`` in a re-run, the request in the agent's namespace).
+        _task_stack.push(self)
+        self.push_request(args=args, kwargs=kwargs)
+        try:
+            runner = _runner_for(self.app)
+            scope = followups.using(runner) if runner is not None else contextlib.nullcontext()
+            with scope:
+                return self._protected(handler, args, kwargs)
+        finally:
+            self.pop_request()
+            _task_stack.pop()
+
+    def _recovery_handler(self) -> Handler | None:
+        if not self.recover or self.name is None or self.name.startswith("celery."):
+            return None
+        instance = self.crash_override or self.app.conf.get(CONF_INSTANCE)
+        if instance is None:
+            return None
+        cached = self._co_cached
+        if cached is not None and cached[0] is instance:
+            return cached[1]
+        options = {"name": self.name, **(self.recovery_options or {})}
+        handler = instance.handler(self.recovery_prompt, **options)
+        # Task objects are shared by the worker's threads: a racing duplicate is harmless.
+        self._co_cached = (instance, handler)
+        return handler
+
+    def _recoverable(self, exc: BaseException, handler: Handler) -> bool:
+        if isinstance(exc, _control_flow()):
+            return False
+        expected = self.throws
+        if expected and isinstance(exc, tuple(expected)):
+            return False
+        return isinstance(exc, handler.settings.catch)
+
+    def _protected(self, handler: Handler, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from crashoverride._flow import recover_sync
+        from crashoverride._handler import _call_value
+
+        request = _request_view(self)
+        try:
+            value = self.run(*args, **kwargs)
+        except Exception as exc:
+            if not self._recoverable(exc, handler):
+                raise
+            block = self._block(handler, args, kwargs, exc, request)
+            decision = recover_sync(handler.settings, handler._app._limits(), exc, block)
+            if not handler._apply(decision, exc):
+                raise
+            assert decision is not None
+            return _call_value(decision)
+        if inspect.iscoroutine(value):
+            return _run_coroutine(self._protected_async(handler, value, args, kwargs, request))
+        return value
+
+    async def _protected_async(
+        self,
+        handler: Handler,
+        body: Coroutine[Any, Any, Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        request: dict[str, Any],
+    ) -> Any:
+        from crashoverride._flow import recover_async
+        from crashoverride._handler import _call_value
+
+        try:
+            return await body
+        except Exception as exc:
+            if not self._recoverable(exc, handler):
+                raise
+            block = self._block(handler, args, kwargs, exc, request)
+            decision = await recover_async(handler.settings, handler._app._limits(), exc, block)
+            if not handler._apply(decision, exc):
+                raise
+            assert decision is not None
+            return _call_value(decision)
+
+    def _block(
+        self,
+        handler: Handler,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        exc: BaseException,
+        request: dict[str, Any],
+    ) -> Block:
+        # ``autoretry_for`` replaces ``run`` with a wrapper; the body is the original one.
+        body: Callable[..., Any] = self.__dict__.get("_orig_run") or self.run
+        block = handler._call_block(handler.settings, body, args, kwargs, exc)
+        block.kind = "celery_task"
+        block.bindings.update(request=request, task=self)
+        block.brief = CELERY_BRIEF.format(
+            name=self.name, id=request["id"], retries=request["retries"]
+        )
+        block.fields = {"task": self.name, "task_id": request["id"]}
+        return block
+
+
+def _request_view(task: Any) -> dict[str, Any]:
+    # A task called directly has a bare request: every field may be missing.
+    request = task.request
+
+    def field(name: str) -> Any:
+        return getattr(request, name, None)
+
+    return {
+        "id": field("id"),
+        "name": field("task") or task.name,
+        "args": tuple(field("args") or ()),
+        "kwargs": dict(field("kwargs") or {}),
+        "retries": field("retries") or 0,
+        "delivery_info": dict(field("delivery_info") or {}),
+        "hostname": field("hostname"),
+        "eta": field("eta"),
+        "is_eager": bool(field("is_eager")),
+        "called_directly": bool(field("called_directly")),
+    }
+
+
+def _run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
+    from crashoverride._bridge import loop_running_here
+
+    if not loop_running_here():
+        return asyncio.run(coro)
+    # Called from code already running a loop (eager mode inside async code): a loop of its own.
+    context = contextvars.copy_context()
+    with concurrent.futures.ThreadPoolExecutor(1, "crashoverride-celery") as pool:
+        return pool.submit(context.run, asyncio.run, coro).result()
+
+
+# ------------------------------------------------------------------------------ follow-ups
+
+
+class CeleryRunner:
+    """Sends follow-ups to the ``crashoverride.followup`` task on ``queue`` (a ``JobRunner``).
+
+    The job is durable once the broker has it; any worker consuming ``queue`` with ``install``
+    called on its app runs it. In eager mode (``task_always_eager``) it runs in place.
+    """
+
+    def __init__(self, app: celery.Celery, *, queue: str = FOLLOWUP_QUEUE, **options: Any) -> None:
+        self.app = app
+        self.queue = queue
+        self.options = options
+
+    def submit_job(self, job: FollowupJob) -> str:
+        payload = job.to_payload()
+        if self.app.conf.task_always_eager:
+            self.app.tasks[FOLLOWUP_TASK].apply(args=(payload,), task_id=job.id)
+        else:
+            self.app.send_task(
+                FOLLOWUP_TASK, args=(payload,), queue=self.queue, task_id=job.id, **self.options
+            )
+        return job.id
+
+
+def _runner_for(app: Any) -> CeleryRunner | None:
+    queue = app.conf.get(CONF_QUEUE)
+    return CeleryRunner(app, queue=queue) if queue else None
+
+
+def install(
+    app: celery.Celery,
+    crash_override: CrashOverride | None = None,
+    *,
+    followup_queue: str = FOLLOWUP_QUEUE,
+) -> CeleryRunner:
+    """Configure ``app``: the ``CrashOverride`` its tasks use, and durable follow-ups.
+
+    Registers the ``crashoverride.followup`` task and makes recoveries in this app's tasks send
+    their follow-ups to ``followup_queue`` (start a worker with ``-Q celery,<queue>``).
+    Returns the runner, usable as ``followup_runner=`` elsewhere in the application.
+    """
+    if crash_override is not None:
+        app.conf[CONF_INSTANCE] = crash_override
+    app.conf[CONF_QUEUE] = followup_queue
+
+    def followup(payload: dict[str, Any]) -> dict[str, Any]:
+        instance = app.conf.get(CONF_INSTANCE)
+        if instance is None:
+            raise RuntimeError("no CrashOverride for follow-ups: call install(app, crash_override)")
+        result = followups.run_payload(payload, instance, runner="CeleryRunner")
+        return {"id": result.id, "outcome": result.outcome, "summary": result.summary,
+                "duration_ms": result.duration_ms}  # fmt: skip
+
+    # ``recover=False``: a failing follow-up must never start a recovery of its own. The queue
+    # is chosen per message by ``CeleryRunner`` (the ``queue`` task attribute is deprecated).
+    app.task(name=FOLLOWUP_TASK, shared=False, recover=False)(followup)
+    return CeleryRunner(app, queue=followup_queue)
