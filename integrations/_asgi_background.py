@@ -30,6 +30,8 @@ CANCELLED = "background.cancelled"
 
 # Finished jobs are remembered for ``status`` queries, but a long-running server must not grow.
 _HISTORY = 1_000
+# Seconds cancelled jobs get to unwind at shutdown.
+_UNWIND = 1.0
 
 
 class _Job:
@@ -148,7 +150,12 @@ class BackgroundRunner:
         self._closed = True
         with anyio.move_on_after(self._grace):
             await self._idle.wait()
-        self.cancel_all()
+        if self._running:
+            self.cancel_all()
+            # Let cancelled jobs unwind (their cleanup may need the app's resources); one that
+            # shields itself from cancellation is not waited for beyond this.
+            with anyio.move_on_after(_UNWIND):
+                await self._idle.wait()
 
     def cancel_all(self) -> None:
         self._closed = True
