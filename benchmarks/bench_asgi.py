@@ -1,0 +1,215 @@
+"""Requests per second through uvicorn, with and without ``CrashOverrideMiddleware``.
+
+Two uvicorn processes serve the same small Starlette JSON endpoint, one of them behind the
+middleware (no request fails, so this is the cost every healthy request pays). A keep-alive
+load generator written on raw asyncio protocols (so the client is not what is measured) drives
+each server in turn, alternating the order every repetition; the figure is the median.
+
+    python -m benchmarks.bench_asgi [--repeats 7] [--seconds 2] [--connections 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from benchmarks._common import Row, format_table, row
+
+TARGET = ">= 0.95"
+_REQUEST = b"GET /json HTTP/1.1\r\nHost: bench\r\n\r\n"
+
+
+# ---------------------------------------------------------------------------------- servers
+
+
+def _app(protected: bool) -> Any:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def hello(request: Request) -> JSONResponse:
+        return JSONResponse({"hello": "world", "items": [1, 2, 3]})
+
+    app = Starlette(routes=[Route("/json", hello)])
+    if protected:
+        from crashoverride.integrations.asgi import CrashOverrideMiddleware
+
+        from crashoverride import CrashOverride
+
+        app.add_middleware(
+            CrashOverrideMiddleware, crash_override=CrashOverride(), prompt="Answer truthfully."
+        )
+    return app
+
+
+def _serve(kind: str, fd: int) -> None:
+    import uvicorn
+
+    uvicorn.run(
+        _app(kind == "protected"), fd=fd, log_level="warning", access_log=False,
+        lifespan="on", loop="asyncio", http="h11",
+    )  # fmt: skip
+
+
+class _Server:
+    def __init__(self, kind: str) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1024)
+        self.port: int = self.sock.getsockname()[1]
+        fd = self.sock.fileno()
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.bench_asgi", "--serve", kind, "--fd", str(fd)],
+            pass_fds=(fd,),
+            cwd=root,
+        )
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
+                    conn.sendall(_REQUEST)
+                    if conn.recv(64).startswith(b"HTTP/1.1 200"):
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError("the benchmark server exited")
+            time.sleep(0.1)
+        raise RuntimeError("the benchmark server did not start")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.sock.close()
+
+
+# ------------------------------------------------------------------------------ load client
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection sending the next request as soon as a response is complete."""
+
+    def __init__(self, counter: list[int]) -> None:
+        self.counter = counter
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.write(_REQUEST)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buffer[:end].lower()
+            start = head.find(b"content-length:")
+            length = int(head[start + 15 : head.find(b"\r\n", start)].strip() or 0)
+            total = end + 4 + length
+            if len(self.buffer) < total:
+                return
+            if not head.startswith(b"http/1.1 200"):
+                raise RuntimeError(f"unexpected response: {head[:40]!r}")
+            self.buffer = self.buffer[total:]
+            self.counter[0] += 1
+            assert self.transport is not None
+            self.transport.write(_REQUEST)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+async def _load(port: int, seconds: float, connections: int) -> float:
+    loop = asyncio.get_running_loop()
+    counter = [0]
+    protocols = []
+    for _ in range(connections):
+        _, protocol = await loop.create_connection(lambda: _Connection(counter), "127.0.0.1", port)
+        protocols.append(protocol)
+    await asyncio.sleep(0.2)  # every connection is busy before the window opens
+    before, began = counter[0], time.perf_counter()
+    await asyncio.sleep(seconds)
+    done, elapsed = counter[0] - before, time.perf_counter() - began
+    for protocol in protocols:
+        assert protocol.transport is not None
+        protocol.transport.close()
+    await asyncio.gather(*(p.closed for p in protocols))
+    return done / elapsed
+
+
+# ------------------------------------------------------------------------------------ run
+
+
+def measure(repeats: int = 7, seconds: float = 2.0, connections: int = 32) -> dict[str, float]:
+    """Median requests per second of each server, measured in alternation."""
+    servers = {"plain": _Server("plain"), "protected": _Server("protected")}
+    try:
+        for server in servers.values():
+            server.wait_ready()
+        samples: dict[str, list[float]] = {name: [] for name in servers}
+        for server in servers.values():  # warm-up: imports, caches, first connections
+            asyncio.run(_load(server.port, 0.5, connections))
+        for i in range(repeats):
+            order = list(servers) if i % 2 == 0 else list(reversed(servers))
+            for name in order:
+                samples[name].append(asyncio.run(_load(servers[name].port, seconds, connections)))
+        return {name: statistics.median(values) for name, values in samples.items()}
+    finally:
+        for server in servers.values():
+            server.close()
+
+
+def run(repeats: int = 7, seconds: float = 2.0, connections: int = 32) -> list[Row]:
+    rps = measure(repeats, seconds, connections)
+    return [
+        row(
+            "uvicorn + Starlette JSON endpoint: with CrashOverrideMiddleware vs without",
+            rps["protected"], "req/s", baseline=rps["plain"], target=TARGET,
+            note=f"median of {repeats} x {seconds:g}s, {connections} keep-alive connections, h11",
+        )
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--serve", choices=("plain", "protected"), help=argparse.SUPPRESS)
+    parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        _serve(args.serve, args.fd)
+        return
+    rows = run(args.repeats, args.seconds, args.connections)
+    print(format_table(rows))
+    for r in rows:
+        print(
+            f"\nwith middleware: {r['value']:.0f} req/s, without: {r['baseline']:.0f} req/s, "
+            f"ratio {r['ratio']:.3f} (target {r['target']})"
+        )
+
+
+if __name__ == "__main__":
+    main()
