@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from ._handler import Handler
 from ._settings import UNSET, Settings
 
+_new = object.__new__
+
 if TYPE_CHECKING:
     from ._limits import Limits
     from ._report import RecoveryReport
@@ -106,84 +108,55 @@ class CrashOverride:
         self._limits_lock = _thread.allocate_lock()
         self._limits_state: Limits | None = None
 
-    def handler(
-        self,
-        prompt: str = "",
-        *,
-        model: Any = UNSET,
-        catch: Any = UNSET,
-        tools: Sequence[Any] = (),
-        mcp_servers: Sequence[Any] = (),
-        system_prompt: Any = UNSET,
-        timeout: Any = UNSET,
-        max_turns: Any = UNSET,
-        postcondition: Callable[..., Any] | None = None,
-        name: str | None = None,
-        api_key: Any = UNSET,
-        base_url: Any = UNSET,
-        openai_client_factory: Any = UNSET,
-        agent_factory: Any = UNSET,
-        tracing: Any = UNSET,
-        followup: str | None = None,
-        followups: str | Sequence[str] = (),
-        followup_runner: Any = UNSET,
-        followup_timeout: Any = UNSET,
-    ) -> Handler:
-        """A handler for one kind of block: use it as ``with``, ``async with`` or a decorator.
-
-        Tools and MCP servers are added to the application's; every other argument overrides
-        the application setting. ``postcondition`` is called after the agent finished with a
-        mapping of the block's locals (decorator form: ``result``, ``args``, ``kwargs``); it
-        may be async; a false result means not recovered. ``followup`` / ``followups`` add
-        objectives to the application's follow-ups (background agent runs after a recovery).
-        """
-        if (
-            model is UNSET
-            and catch is UNSET
-            and type(tools) is tuple
-            and not tools
-            and type(mcp_servers) is tuple
-            and not mcp_servers
-            and system_prompt is UNSET
-            and timeout is UNSET
-            and max_turns is UNSET
-            and postcondition is None
-            and name is None
-            and api_key is UNSET
-            and base_url is UNSET
-            and openai_client_factory is UNSET
-            and agent_factory is UNSET
-            and tracing is UNSET
-            and followup is None
-            and not followups
-            and followup_runner is UNSET
-            and followup_timeout is UNSET
-        ):
-            return Handler(self, prompt, None)
-        return Handler(
+    if TYPE_CHECKING:
+        # The signature users and type checkers see; the runtime one below is the fast path.
+        def handler(
             self,
-            prompt,
-            {
-                "model": model,
-                "catch": catch,
-                "tools": tools,
-                "mcp_servers": mcp_servers,
-                "system_prompt": system_prompt,
-                "timeout": timeout,
-                "max_turns": max_turns,
-                "postcondition": postcondition,
-                "name": name,
-                "api_key": api_key,
-                "base_url": base_url,
-                "openai_client_factory": openai_client_factory,
-                "agent_factory": agent_factory,
-                "tracing": tracing,
-                # Added to the application's follow-ups; ``followup`` is the one-objective form.
-                "followups": _objectives(followup, followups),
-                "followup_runner": followup_runner,
-                "followup_timeout": followup_timeout,
-            },
-        )
+            prompt: str = "",
+            *,
+            model: Any = UNSET,
+            catch: Any = UNSET,
+            tools: Sequence[Any] = (),
+            mcp_servers: Sequence[Any] = (),
+            system_prompt: str | None = UNSET,
+            timeout: float = UNSET,
+            max_turns: int = UNSET,
+            postcondition: Callable[..., Any] | None = None,
+            name: str | None = None,
+            api_key: str | None = UNSET,
+            base_url: str | None = UNSET,
+            openai_client_factory: Callable[[], Any] | None = UNSET,
+            agent_factory: Callable[..., Any] | None = UNSET,
+            tracing: bool = UNSET,
+            followup: str = UNSET,
+            followups: str | Sequence[str] = (),
+            followup_runner: Any = UNSET,
+            followup_timeout: float = UNSET,
+        ) -> Handler: ...
+
+    else:
+
+        def handler(self, prompt="", **overrides):
+            """A handler for one kind of block: ``with``, ``async with`` or a decorator.
+
+            Tools and MCP servers are added to the application's; every other argument
+            overrides the application setting. ``postcondition`` is called after the agent
+            finished with a mapping of the block's locals (decorator form: ``result``,
+            ``args``, ``kwargs``); it may be async; a false result means not recovered.
+            """
+            if overrides:
+                return Handler(self, prompt, overrides)
+            # The common case, ``co.handler(prompt="...")`` in a loop, must cost about as
+            # much as ``contextlib.suppress``: build the handler without ``__init__``.
+            if type(prompt) is not str:
+                return Handler(self, prompt, None)  # raises the ConfigurationError
+            handler = _new(Handler)
+            handler._app = self
+            handler._prompt = prompt
+            handler._overrides = None
+            handler._settings = None
+            handler._reports = None
+            return handler
 
     def _limits(self) -> Limits:
         limits = self._limits_state
@@ -209,10 +182,3 @@ class CrashOverride:
         from ._agent import import_sdk
 
         await anyio.to_thread.run_sync(import_sdk)
-
-
-def _objectives(one: str | None, many: str | Sequence[str]) -> Any:
-    from ._settings import check_followups
-
-    extra = check_followups(many) + (check_followups(one, "followup") if one is not None else ())
-    return extra or UNSET

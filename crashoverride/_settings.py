@@ -310,14 +310,15 @@ class Settings:
                 continue
             if key == "tools":
                 values[key] = _union(self.tools, _check_tools("tools", value))
-            elif key == "followups":
-                values[key] = tuple(dict.fromkeys(self.followups + check_followups(value)))
+            elif key in ("followups", "followup"):  # ``followup``: the one-objective spelling
+                added = check_followups(value, key)
+                values["followups"] = tuple(dict.fromkeys(values["followups"] + added))
             elif key == "mcp_servers":
                 values[key] = _union(self.mcp_servers, _check_servers("mcp_servers", value))
             elif key in checks:
                 values[key] = checks[key](value)
-            else:  # pragma: no cover - guarded by the keyword-only signatures
-                raise ConfigurationError(key, "is not a handler setting")
+            else:
+                raise ConfigurationError(key, "is not a handler argument")
         return Settings(**values)
 
     @property

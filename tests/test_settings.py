@@ -115,3 +115,8 @@ def test_a_model_instance_is_accepted() -> None:
 def test_decorating_a_non_callable_fails() -> None:
     with pytest.raises(ConfigurationError, match="func"):
         CrashOverride().handler()(42)  # type: ignore[arg-type]
+
+
+def test_unknown_handler_argument_fails() -> None:
+    with pytest.raises(ConfigurationError, match="promt"):
+        CrashOverride().handler(promt="typo")  # type: ignore[call-arg]

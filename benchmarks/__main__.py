@@ -1,0 +1,67 @@
+"""``python -m benchmarks`` (``make bench``): run every benchmark, print one table, write
+``benchmarks/RESULTS.md`` with the date, interpreter and machine summary."""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import os
+import platform
+import sys
+import traceback
+from pathlib import Path
+
+from benchmarks._common import Row, format_table
+
+MODULES = [
+    "benchmarks.bench_import",
+    "benchmarks.bench_happy",
+    "benchmarks.bench_recovery",
+    "benchmarks.bench_burst",
+    "benchmarks.bench_asgi",
+    "benchmarks.bench_original",
+]
+
+
+def main() -> int:
+    rows: list[Row] = []
+    problems: list[str] = []
+    selected = sys.argv[1:] or MODULES
+    for name in selected:
+        module_name = name if name.startswith("benchmarks.") else f"benchmarks.{name}"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                problems.append(f"{module_name}: not written yet")
+                continue
+            raise
+        print(f"== {module_name}", file=sys.stderr, flush=True)
+        try:
+            rows.extend(module.run())
+        except Exception:
+            problems.append(f"{module_name} failed:\n{traceback.format_exc()}")
+    table = format_table(rows)
+    print(table)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    header = (
+        f"# Benchmark results\n\n"
+        f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC\n"
+        f"- interpreter: {platform.python_implementation()} {platform.python_version()}\n"
+        f"- machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}\n"
+        f"- command: `make bench` (`python -m benchmarks`)\n\n"
+        "Every ratio compares two figures measured side by side in the same run "
+        "(medians of repetitions); absolute times vary between runs on this shared machine. "
+        "Rows marked scripted use `agents.testing.ScriptedModel`: no real model is involved.\n\n"
+    )
+    extra = ""
+    if problems:
+        extra = "\n\n## Not measured\n\n" + "\n".join(f"- {p.splitlines()[0]}" for p in problems)
+    if not sys.argv[1:]:
+        Path(__file__).with_name("RESULTS.md").write_text(header + table + extra + "\n")
+    return 1 if any("failed" in p for p in problems) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
