@@ -100,12 +100,8 @@ class RequestRecovery:
         self.runner = runner
         self.response: CapturedResponse | None = None
         self.info = RequestInfo(exchange)
-        self.fields: dict[str, Any] = {"method": self.info.method, "path": self.info.path}
-        if request_id_header is not None:
-            for key, value in exchange.scope.get("headers", ()):
-                if bytes(key).lower() == request_id_header:
-                    self.fields["request_id"] = bytes(value).decode("latin-1")
-                    break
+        self.fields = request_fields(exchange, request_id_header)
+        settle_body(exchange)
         self.block = self._block(exc)
 
     # -- the agent's request tools ---------------------------------------------------------
@@ -227,6 +223,42 @@ Postcondition: a trustworthy response was produced, in one of two ways:
   error status (e.g. 503); never invent content.
 `spawn_background(async_fn)` runs follow-up work after the response, in the app's lifespan.
 If no trustworthy response is possible, call give_up(reason)."""
+
+
+def request_fields(exchange: Exchange, request_id_header: bytes | None) -> dict[str, Any]:
+    """Request context for every event of a recovery: method, path, request id if sent."""
+    scope = exchange.scope
+    fields: dict[str, Any] = {"method": scope.get("method", ""), "path": scope.get("path", "")}
+    if request_id_header is not None:
+        for key, value in scope.get("headers", ()):
+            if bytes(key).lower() == request_id_header:
+                fields["request_id"] = bytes(value).decode("latin-1")
+                break
+    return fields
+
+
+def settle_body(exchange: Exchange) -> None:
+    """Decide from the headers what the app's unread body means for replaying it."""
+    if exchange.complete or exchange.chunks is None or exchange.size:
+        return
+    length: int | None = None
+    chunked = False
+    for key, value in exchange.scope.get("headers", ()):
+        name = bytes(key).lower()
+        if name == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                return
+        elif name == b"transfer-encoding":
+            chunked = True
+    http1 = str(exchange.scope.get("http_version", "1.1")).startswith("1")
+    if length is None and not chunked and http1:
+        # HTTP/1.x frames every body with one of those headers: this request has none. (HTTP/2
+        # and 3 may send a body without either, so nothing is inferred there.)
+        exchange.complete = True
+    elif length is not None and length > exchange.limit:
+        exchange.chunks = None  # known in advance: too large to keep
 
 
 def build_response(

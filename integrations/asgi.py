@@ -196,13 +196,13 @@ class CrashOverrideMiddleware:
         from crashoverride import _log
         from crashoverride._recovery import fingerprint
 
-        from ._asgi_block import RequestInfo
+        from ._asgi_block import request_fields
 
-        info = RequestInfo(exchange)
         _log.emit(
             "warning", _log.SKIPPED, reason=_STARTED, fingerprint=fingerprint(exc),
             exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-            handler=self.settings.name or "request", method=info.method, path=info.path,
+            handler=self.settings.name or "request",
+            **request_fields(exchange, self._request_id),
         )  # fmt: skip
         exc.add_note(f"crashoverride: recovery skipped: {_STARTED}")
 

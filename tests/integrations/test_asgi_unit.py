@@ -17,7 +17,8 @@ from crashoverride.integrations.asgi import BackgroundRunner, CrashOverrideMiddl
 from structlog.testing import capture_logs
 
 from crashoverride import ConfigurationError, CrashOverride
-from integrations._asgi_block import build_response
+from integrations._asgi_block import build_response, settle_body
+from integrations._asgi_exchange import Exchange
 from tests.integrations.asgi_support import done_step, exec_step, scripted, tool_outputs
 
 pytestmark = pytest.mark.anyio
@@ -122,7 +123,7 @@ async def test_replay_gets_the_whole_body_the_app_never_read(anyio_backend: str)
     app = CrashOverrideMiddleware(raw_app, crash_override=CrashOverride(model=model))
     status, headers, body = await call(
         app, "PUT", "/fail-first", chunks=(b"one,", b"two,", b"three"),
-        headers=[(b"authorization", b"Bearer sekrit-token-123")],
+        headers=[(b"authorization", b"Bearer sekrit-token-123"), (b"content-length", b"13")],
     )  # fmt: skip
     assert (status, headers[b"x-echo"], body) == (200, b"1", b"one,two,three")
     assert "(200, b'one,two,three')" in tool_outputs(model)[0]
@@ -258,6 +259,25 @@ def test_invalid_options_fail_at_construction(options: dict[str, Any], argument:
     with pytest.raises(ConfigurationError) as caught:
         CrashOverrideMiddleware(raw_app, **kwargs)
     assert caught.value.argument == argument
+
+
+@pytest.mark.parametrize(
+    ("headers", "version", "replayable"),
+    [
+        ([], "1.1", True),  # HTTP/1.x without a length or chunking has no body
+        ([(b"content-length", b"11")], "1.1", False),  # known to be over the limit
+        ([(b"content-length", b"5")], "1.1", None),  # to be read by the recovery
+        ([(b"transfer-encoding", b"chunked")], "1.1", None),
+        ([], "2", None),  # HTTP/2 may send a body with neither header
+    ],
+)
+def test_an_unread_body_is_judged_from_the_headers(
+    headers: list[tuple[bytes, bytes]], version: str, replayable: bool | None
+) -> None:
+    scope = {"type": "http", "http_version": version, "headers": headers}
+    exchange = Exchange(scope, raw_app, raw_app, 10)  # type: ignore[arg-type]
+    settle_body(exchange)
+    assert exchange.replayable is replayable
 
 
 def test_respond_builds_complete_responses() -> None:
