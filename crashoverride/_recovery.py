@@ -119,7 +119,7 @@ class Recovery:
         self.t0 = time.monotonic()
         self.waited = 0.0
         self.state = RunState()
-        self.redact = Redactor()
+        self.redact = Redactor(_secret_values(block))
         self.exc_type = f"{type(exc).__module__}.{type(exc).__qualname__}"
         self.exception_text = self.redact(describe_exception(exc))
         self.traceback_text = self.redact(format_traceback(exc))
@@ -334,6 +334,21 @@ class Recovery:
             self.workspace = None
         self.exc = None
         self.block = None
+
+
+def _secret_values(block: Block) -> list[str]:
+    """String values bound to secret-looking names in the protected frame (to mask anywhere)."""
+    from ._redact import is_secret_name
+
+    found: list[str] = []
+    for names in (block.caller, block.frame.f_locals if block.frame is not None else None):
+        if names is None:
+            continue
+        try:
+            found.extend(v for k, v in names.items() if isinstance(v, str) and is_secret_name(k))
+        except Exception:  # an exotic mapping must not stop the recovery
+            continue
+    return found
 
 
 def _checked(check: Callable[[RunState], Any], state: RunState) -> Any:

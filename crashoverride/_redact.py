@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 
 SECRET_NAME = re.compile(
-    r"(pass(word|wd|phrase)?|secret|token|api[_-]?key|(^|[_-])key$|private[_-]?key|"
+    r"(passw(or)?d|passphrase|^pass$|^pwd$|secret|token|api[_-]?key|(^|[_-])key$|private[_-]?key|"
     r"authori[sz]ation|cookie|credential|session[_-]?id|signature|dsn)",
     re.IGNORECASE,
 )
