@@ -30,7 +30,7 @@ import contextlib
 import fnmatch
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
@@ -50,9 +50,6 @@ from ._asgi_exchange import (
     Send,
     send_response,
 )
-
-if TYPE_CHECKING:
-    from ._asgi_block import RequestRecovery
 
 __all__ = ["BackgroundRunner", "CapturedResponse", "CrashOverrideMiddleware", "NotReplayable"]
 
@@ -212,48 +209,43 @@ class CrashOverrideMiddleware:
 
         from ._asgi_block import RequestRecovery
 
-        job: RequestRecovery | None = RequestRecovery(
+        job = RequestRecovery(
             app=self.app,
             exc=exc,
             exchange=exchange,
             runner=self._runner,
             request_id_header=self._request_id,
         )
-        assert job is not None
-        fields = job.fields
         decision = None
-        try:
-            with anyio.move_on_after(self.settings.timeout + _BUDGET_SLACK) as budget:
-                async with anyio.create_task_group() as group:
-                    # The client's channel is ours now: finish the body, watch for a disconnect.
-                    group.start_soon(exchange.pump, group.cancel_scope.cancel)
-                    try:
-                        with self._followups_here():
-                            decision = await recover_async(
-                                self.settings, self._co._limits(), exc, job.block
-                            )
-                    finally:
-                        group.cancel_scope.cancel()
-            if decision is None:
-                reason = None
-                if exchange.disconnected:
-                    reason = "the client disconnected"
-                elif budget.cancelled_caught:
-                    reason = f"the request's budget (timeout={self.settings.timeout:g}s) ran out"
-                if reason is not None:
-                    _log.emit("warning", CANCELLED, reason=reason, **fields)
-                    exc.add_note(f"crashoverride: recovery cancelled: {reason}")
-                return None
-            if decision.replacement is not None:
-                raise decision.replacement from exc
-            if not decision.suppress:
-                return None
-            if decision.replayed:
-                value: CapturedResponse = decision.value
-                return value
-            return job.response
-        finally:
-            job = None  # drop the frames the block refers to
+        with anyio.move_on_after(self.settings.timeout + _BUDGET_SLACK) as budget:
+            async with anyio.create_task_group() as group:
+                # The client's channel is ours now: finish the body, watch for a disconnect.
+                group.start_soon(exchange.pump, group.cancel_scope.cancel)
+                try:
+                    with self._followups_here():
+                        decision = await recover_async(
+                            self.settings, self._co._limits(), exc, job.block
+                        )
+                finally:
+                    group.cancel_scope.cancel()
+        if decision is None:
+            reason = None
+            if exchange.disconnected:
+                reason = "the client disconnected"
+            elif budget.cancelled_caught:
+                reason = f"the request's budget (timeout={self.settings.timeout:g}s) ran out"
+            if reason is not None:
+                _log.emit("warning", CANCELLED, reason=reason, **job.fields)
+                exc.add_note(f"crashoverride: recovery cancelled: {reason}")
+            return None
+        if decision.replacement is not None:
+            raise decision.replacement from exc
+        if not decision.suppress:
+            return None
+        if decision.replayed:
+            replayed: CapturedResponse = decision.value
+            return replayed
+        return job.response
 
     def _followups_here(self) -> contextlib.AbstractContextManager[Any]:
         """Send this recovery's follow-ups to the lifespan's task group (unless configured)."""
