@@ -238,3 +238,25 @@ def test_only_coroutines_are_accepted() -> None:
         guard(plain)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError):
         guard.wrap(42)  # type: ignore[arg-type]
+
+
+def test_async_scraper_example_runs_offline() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(root / "examples" / "async_scraper.py")],
+        env={**os.environ, "NO_COLOR": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for n in range(1, 11):
+        assert f"saved https://news.example/a/{n}: Text of article {n}." in out
+    assert "agent runs: 1, replays after the repair: 2" in out
+    assert "payload.get('article_text', payload.get('body'))" in out  # the follow-up's fix file

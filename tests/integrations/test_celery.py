@@ -314,3 +314,24 @@ def test_eager_followup_through_the_celery_runner(eager: Celery) -> None:
         ("followup.tool_called", None),
         ("followup.succeeded", "CeleryRunner"),
     ]
+
+
+def test_celery_worker_example_runs_offline() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "NO_COLOR": "1"}
+    env.pop("CELERY_BROKER_URL", None)
+    env.pop("CELERY_RESULT_BACKEND", None)
+    done = subprocess.run(
+        [sys.executable, str(root / "examples" / "celery_worker.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "invoice 4 total: 5000 cents (state SUCCESS)" in done.stdout
+    assert "billing: total_cents renamed to amount_due_cents" in done.stdout
