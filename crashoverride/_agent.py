@@ -134,7 +134,8 @@ def _tools(job: AgentJob, dispatch: Dispatch) -> list[Any]:
                 text = f"{exc}. A recovery never exits the process; the recovery is over."
             except Exception as exc:
                 printed = ws.take_output()
-                text = (clip(printed, 2_000) + "\n" if printed else "") + format_tool_error(exc)
+                error = format_tool_error(exc, ws.error)
+                text = (clip(printed, 2_000) + "\n" if printed else "") + error
         text = job.redact(text)
         record = ToolCallRecord(
             tool=tool,

@@ -18,7 +18,8 @@ Both Python tools run in the globals of the module that failed. Names resolve: n
 assigned in earlier tool calls, then the failed block's local variables, then the module's
 globals, then builtins. Assignments stay private to your session; to change a local variable
 the code after the block will use, write `caller["name"] = value`. `error` is the exception.
-Functions you define see the module's globals, not your session names, so import inside them.
+Functions you define see the module's globals, not your session names; modules you import at
+the top level of a snippet are also bound in the module when it has no such name yet.
 
 How to work:
 1. First state, in one sentence, the postcondition the block was meant to establish: what must

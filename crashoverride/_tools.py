@@ -25,6 +25,7 @@ from ._frames import CallerLocals
 from ._text import clip, render_value
 
 _VALUE = "__crashoverride_value__"
+_HOIST = "__crashoverride_hoist__"
 _COUNTER = itertools.count(1)
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # Sources of agent code stay visible to tracebacks and ``inspect`` for patched functions, but
@@ -46,6 +47,28 @@ def _register_source(source: str) -> str:
         old, _ = _SOURCES.popitem(last=False)
         linecache.cache.pop(old, None)
     return filename
+
+
+def _with_hoisted_imports(body: list[ast.stmt]) -> list[ast.stmt]:
+    """After each top-level import, call the hoist helper with the names it bound."""
+    result: list[ast.stmt] = []
+    for stmt in body:
+        result.append(stmt)
+        if isinstance(stmt, ast.Import | ast.ImportFrom):
+            names = [
+                alias.asname or alias.name.split(".")[0]
+                for alias in stmt.names
+                if alias.name != "*"
+            ]
+            call = ast.Expr(
+                ast.Call(
+                    func=ast.Name(_HOIST, ast.Load()),
+                    args=[ast.Tuple([ast.Constant(n) for n in names], ast.Load())],
+                    keywords=[],
+                )
+            )
+            result.append(ast.copy_location(call, stmt))
+    return result
 
 
 class _Names(MutableMapping[str, Any]):
@@ -92,7 +115,12 @@ class Workspace:
         self.globals = globals_
         self.caller = caller
         self._output = io.StringIO()
-        self.scratch: dict[str, Any] = {"print": self._print, **bindings, "caller": caller}
+        self.scratch: dict[str, Any] = {
+            "print": self._print,
+            _HOIST: self._hoist,
+            **bindings,
+            "caller": caller,
+        }
         self._names = _Names(self.scratch, caller)
 
     def _print(self, *args: Any, **kwargs: Any) -> None:
@@ -101,6 +129,18 @@ class Workspace:
             return
         kwargs["file"] = self._output
         builtins.print(*args, **kwargs)
+
+    def _hoist(self, names: tuple[str, ...]) -> None:
+        # Functions the agent defines resolve globals in the module, not in the session, so
+        # a module it imports is also bound there when the module has no such name yet.
+        for name in names:
+            if name in self.scratch and name not in self.globals:
+                self.globals[name] = self.scratch[name]
+
+    @property
+    def error(self) -> BaseException | None:
+        value = self.scratch.get("error")
+        return value if isinstance(value, BaseException) else None
 
     def take_output(self) -> str:
         text = self._output.getvalue()
@@ -116,6 +156,8 @@ class Workspace:
             code: CodeType = compile(source, filename, "eval", flags=flags, dont_inherit=True)
             return code
         tree = ast.parse(source, filename, "exec")
+        tree.body = _with_hoisted_imports(tree.body)
+        ast.fix_missing_locations(tree)
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             # REPL-style: the value of a trailing expression is the tool's result.
             last = tree.body[-1]
@@ -163,12 +205,17 @@ class Workspace:
         self.caller = None
 
 
-def format_tool_error(exc: BaseException) -> str:
-    """The traceback the model sees: agent code frames onward, our own frames left out."""
+def format_tool_error(exc: BaseException, original: BaseException | None = None) -> str:
+    """The traceback the model sees: agent code frames onward, our own frames left out.
+
+    Agent code runs while ``original`` (the exception being recovered) is being handled, so
+    Python chains it as context; the model already has it, so that link is not repeated.
+    """
     tb: TracebackType | None = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    chain = exc.__cause__ is not None or exc.__context__ not in (None, original)
+    text = "".join(traceback.format_exception(type(exc), exc, tb, chain=chain))
     return clip(text, 4_000)
 
 

@@ -127,3 +127,25 @@ def test_patching_a_function_reaches_later_calls() -> None:
 
 def normalize(text: str) -> str:
     raise NotImplementedError("normalize is not written yet")
+
+
+def test_functions_defined_by_the_agent_can_use_modules_it_imported() -> None:
+    co = _co(
+        "import math\n"
+        "def area(r):\n    return round(math.pi * r * r, 2)\n"
+        "globals()['area'] = area\n"
+        "caller['result'] = area(1)"
+    )
+    result = None
+    try:
+        with co.handler():
+            raise ValueError
+        assert result == 3.14
+        assert area(2) == 12.57
+    finally:
+        globals().pop("area", None)
+        globals().pop("math", None)
+
+
+def area(r: float) -> float:
+    raise NotImplementedError

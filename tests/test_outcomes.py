@@ -146,6 +146,7 @@ def test_tool_errors_reach_the_model_as_tracebacks() -> None:
     assert "ZeroDivisionError: division by zero" in output
     assert "<crashoverride-" in output  # the agent's own code, with its line
     assert "_bridge.py" not in output  # our plumbing is not shown
+    assert "During handling" not in output  # the original, already in the prompt, not repeated
 
 
 def test_agent_sys_exit_ends_the_recovery_not_the_process() -> None:
