@@ -49,6 +49,10 @@ def upstream_script() -> Script:
 @pytest.fixture
 def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("WEATHER_API_TOKEN", SECRET)
+    # The core's Redactor treats $PWD as a password and masks the working directory in
+    # every prompt; without it the test sees what the cassette itself does to paths.
+    monkeypatch.delenv("PWD", raising=False)
+    monkeypatch.delenv("OLDPWD", raising=False)
     path = tmp_path / "cassettes" / "convert.json"
     with (
         MockServer(upstream_script()) as real,

@@ -11,11 +11,13 @@ import pytest
 from crashoverride.testing import MockServer, Script, done, eval_python, exec_python, give_up
 
 
+@pytest.mark.parametrize("keep_alive", [False, True])
 @pytest.mark.anyio
-async def test_non_streaming_completion_with_the_openai_client() -> None:
+async def test_non_streaming_completion_with_the_openai_client(keep_alive: bool) -> None:
     from openai import AsyncOpenAI
 
-    async with MockServer(Script([exec_python("x = 1"), eval_python("x")], done("bye"))) as srv:
+    steps = Script([exec_python("x = 1"), eval_python("x")], done("bye"))
+    async with MockServer(steps, keep_alive=keep_alive) as srv:
         client = AsyncOpenAI(base_url=srv.base_url, api_key="sk-test", max_retries=0)
         try:
             messages = [{"role": "user", "content": "hi"}]
@@ -100,6 +102,23 @@ def test_recovery_through_the_server() -> None:
     assert any(
         m.get("role") == "tool" and "[1, 2, 3]" in str(m.get("content")) for m in last["messages"]
     )
+
+
+@pytest.mark.anyio
+async def test_async_recovery_through_the_server() -> None:
+    # Under trio the core runs the SDK on an asyncio loop in a worker thread: the server
+    # lives in its own thread, so both backends reach it alike.
+    async with MockServer(Script(exec_python("caller['n'] = await count()"), done())) as srv:
+
+        async def count() -> int:
+            return 4
+
+        handler = srv.crash_override().handler()
+        async with handler:
+            n = int("four")
+        srv.assert_complete()
+    assert n == 4 and count is not None
+    assert handler.report is not None and handler.report.recovered
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the Agents SDK is asyncio-only
