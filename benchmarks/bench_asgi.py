@@ -3,9 +3,10 @@
 Two uvicorn processes serve the same small Starlette JSON endpoint, one of them behind the
 middleware (no request fails, so this is the cost every healthy request pays). A keep-alive
 load generator written on raw asyncio protocols (so the client is not what is measured) drives
-each server in turn, alternating the order every repetition; the figure is the median.
+both servers at the same time (see ``measure`` for why), or in turn with ``--mode alternating``;
+figures are medians of the repetitions.
 
-    python -m benchmarks.bench_asgi [--repeats 7] [--seconds 2] [--connections 32]
+    python -m benchmarks.bench_asgi [--repeats 7] [--seconds 2] [--connections 32] [--mode ...]
 """
 
 from __future__ import annotations
@@ -50,8 +51,11 @@ def _app(protected: bool) -> Any:
     return app
 
 
-def _serve(kind: str, fd: int) -> None:
+def _serve(kind: str, fd: int, cpu: int | None) -> None:
     import uvicorn
+
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu})
 
     # ``socket.socket(fileno=...)`` detects the family; uvicorn's own ``fd=`` assumes a UNIX
     # socket, which would leave Nagle's algorithm on and measure TCP delays instead.
@@ -64,7 +68,7 @@ def _serve(kind: str, fd: int) -> None:
 
 
 class _Server:
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, cpu: int | None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -72,8 +76,11 @@ class _Server:
         self.port: int = self.sock.getsockname()[1]
         fd = self.sock.fileno()
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        command = [sys.executable, "-m", "benchmarks.bench_asgi", "--serve", kind, "--fd", str(fd)]
+        if cpu is not None:
+            command += ["--cpu", str(cpu)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.bench_asgi", "--serve", kind, "--fd", str(fd)],
+            command,
             pass_fds=(fd,),
             cwd=root,
         )
@@ -144,40 +151,70 @@ class _Connection(asyncio.Protocol):
             self.closed.set_result(None)
 
 
-async def _load(port: int, seconds: float, connections: int) -> float:
+async def _load(ports: dict[str, int], seconds: float, connections: int) -> dict[str, float]:
+    """Drive every server in ``ports`` at once; requests per second of each."""
     loop = asyncio.get_running_loop()
-    counter = [0]
-    protocols = []
-    for _ in range(connections):
-        _, protocol = await loop.create_connection(lambda: _Connection(counter), "127.0.0.1", port)
-        protocols.append(protocol)
+    counters = {name: [0] for name in ports}
+    protocols: list[_Connection] = []
+    for name, port in ports.items():
+        for _ in range(connections):
+            _, protocol = await loop.create_connection(
+                lambda name=name: _Connection(counters[name]), "127.0.0.1", port
+            )
+            protocols.append(protocol)
     await asyncio.sleep(0.2)  # every connection is busy before the window opens
-    before, began = counter[0], time.perf_counter()
+    before = {name: counter[0] for name, counter in counters.items()}
+    began = time.perf_counter()
     await asyncio.sleep(seconds)
-    done, elapsed = counter[0] - before, time.perf_counter() - began
+    elapsed = time.perf_counter() - began
+    done = {name: counters[name][0] - before[name] for name in ports}
     for protocol in protocols:
         assert protocol.transport is not None
         protocol.transport.close()
     await asyncio.gather(*(p.closed for p in protocols))
-    return done / elapsed
+    return {name: count / elapsed for name, count in done.items()}
 
 
-# ------------------------------------------------------------------------------------ run
+def _server_cpu() -> int | None:
+    """One CPU both servers share (the scheduler then splits it fairly between them); the
+    load generator keeps to the others."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    os.sched_setaffinity(0, set(cpus[1:]))
+    return cpus[0]
 
 
-def measure(repeats: int = 7, seconds: float = 2.0, connections: int = 32) -> dict[str, float]:
-    """Median requests per second of each server, measured in alternation."""
-    servers = {"plain": _Server("plain"), "protected": _Server("protected")}
+def measure(
+    repeats: int = 7, seconds: float = 2.0, connections: int = 32, mode: str = "concurrent"
+) -> dict[str, float]:
+    """Median requests per second of each server.
+
+    ``concurrent`` (default) loads both servers at the same time, both pinned to one CPU: the
+    scheduler shares it fairly between them, so the ratio is the ratio of per-request CPU cost,
+    and load from anything else on the machine hits both alike. ``alternating`` loads one at a
+    time, swapping the order every repetition (absolute figures are higher, but noisy on a busy
+    machine).
+    """
+    cpu = _server_cpu() if mode == "concurrent" else None
+    servers = {"plain": _Server("plain", cpu), "protected": _Server("protected", cpu)}
     try:
         for server in servers.values():
             server.wait_ready()
+        ports = {name: server.port for name, server in servers.items()}
+        asyncio.run(_load(ports, 0.5, connections))  # warm-up: imports, caches, connections
         samples: dict[str, list[float]] = {name: [] for name in servers}
-        for server in servers.values():  # warm-up: imports, caches, first connections
-            asyncio.run(_load(server.port, 0.5, connections))
         for i in range(repeats):
-            order = list(servers) if i % 2 == 0 else list(reversed(servers))
-            for name in order:
-                samples[name].append(asyncio.run(_load(servers[name].port, seconds, connections)))
+            if mode == "concurrent":
+                rounds = [ports]
+            else:
+                order = list(ports) if i % 2 == 0 else list(reversed(ports))
+                rounds = [{name: ports[name]} for name in order]
+            for subset in rounds:
+                for name, value in asyncio.run(_load(subset, seconds, connections)).items():
+                    samples[name].append(value)
         return {name: statistics.median(values) for name, values in samples.items()}
     finally:
         for server in servers.values():
@@ -219,15 +256,18 @@ def measure_direct(calls: int = 5_000, rounds: int = 9) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def run(repeats: int = 7, seconds: float = 2.0, connections: int = 32) -> list[Row]:
-    rps = measure(repeats, seconds, connections)
+def run(
+    repeats: int = 7, seconds: float = 2.0, connections: int = 32, mode: str = "concurrent"
+) -> list[Row]:
+    rps = measure(repeats, seconds, connections, mode)
     direct = measure_direct()
     # Expressed as requests per second so that, like the uvicorn row, higher is better.
     return [
         row(
             "uvicorn + Starlette JSON endpoint: with CrashOverrideMiddleware vs without",
             rps["protected"], "req/s", baseline=rps["plain"], target=TARGET,
-            note=f"median of {repeats} x {seconds:g}s, {connections} keep-alive connections, h11",
+            note=f"{mode}, median of {repeats} x {seconds:g}s, {connections} keep-alive "
+            "connections per server, h11",
         ),
         row(
             "Starlette JSON endpoint called directly (no server): with middleware vs without",
@@ -242,13 +282,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--mode", choices=("concurrent", "alternating"), default="concurrent")
     parser.add_argument("--serve", choices=("plain", "protected"), help=argparse.SUPPRESS)
     parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        _serve(args.serve, args.fd)
+        _serve(args.serve, args.fd, args.cpu)
         return
-    rows = run(args.repeats, args.seconds, args.connections)
+    rows = run(args.repeats, args.seconds, args.connections, args.mode)
     print(format_table(rows))
     server = rows[0]
     print(
