@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -88,6 +90,21 @@ def worker_app() -> Iterator[Celery]:
             shutdown_timeout=30,
         ):
             yield app
+        _close(app)
+
+
+def _close(app: Celery) -> None:
+    """Close Redis connections now: a socket collected later would fail an unrelated test."""
+    backend = app.backend
+    consumer = getattr(backend, "result_consumer", None)
+    if consumer is not None:
+        consumer.stop()
+    backend.client.connection_pool.disconnect()
+    app.close()
+    # The worker thread's own backend and connections are garbage now; collect them here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
 
 
 def _use(app: Celery, *steps: list[Any], **options: Any) -> Any:
