@@ -69,6 +69,7 @@ async def call(
     path: str = "/",
     chunks: Sequence[bytes] = (b"",),
     headers: Sequence[tuple[bytes, bytes]] = (),
+    disconnect_after: float | None = None,
 ) -> tuple[int, dict[bytes, bytes], bytes]:
     inbox = [
         {"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
@@ -79,6 +80,9 @@ async def call(
     async def receive() -> dict[str, Any]:
         if inbox:
             return inbox.pop(0)
+        if disconnect_after is not None:
+            await anyio.sleep(disconnect_after)
+            return {"type": "http.disconnect"}
         await anyio.sleep_forever()  # the client stays connected
         raise AssertionError  # pragma: no cover
 
@@ -127,6 +131,18 @@ async def test_replay_gets_the_whole_body_the_app_never_read(anyio_backend: str)
     )  # fmt: skip
     assert (status, headers[b"x-echo"], body) == (200, b"1", b"one,two,three")
     assert "(200, b'one,two,three')" in tool_outputs(model)[0]
+
+
+async def test_a_client_disconnect_ends_the_recovery(anyio_backend: str) -> None:
+    model = scripted(exec_step("await anyio.sleep(1.5)\nrespond(200, 'too late')"), done_step())
+    app = CrashOverrideMiddleware(raw_app, crash_override=CrashOverride(model=model))
+    began = time.monotonic()
+    with capture_logs() as logs, pytest.raises(LookupError) as caught:
+        await call(app, "GET", "/fail-first", disconnect_after=0.3)
+    assert time.monotonic() - began < 1.4
+    [cancelled] = [e for e in logs if e["event"] == "recovery.cancelled"]
+    assert cancelled["reason"] == "the client disconnected"
+    assert any("client disconnected" in note for note in caught.value.__notes__)
 
 
 async def test_background_work_runs_in_the_lifespan_group(anyio_backend: str) -> None:
