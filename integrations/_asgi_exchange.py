@@ -33,6 +33,7 @@ class Exchange:
         "_body_ready",
         "_receive",
         "_send",
+        "channel_error",
         "chunks",
         "complete",
         "disconnected",
@@ -55,12 +56,18 @@ class Exchange:
         self.complete = False
         self.started = False
         self.disconnected = False
+        # Raised by the server's (or an outer middleware's) receive/send: not the app's failure.
+        self.channel_error: BaseException | None = None
         self._body_ready: anyio.Event | None = None
 
     # -- happy path ------------------------------------------------------------------------
 
     async def receive(self) -> Message:
-        message = await self._receive()
+        try:
+            message = await self._receive()
+        except Exception as exc:
+            self.channel_error = exc
+            raise
         if message["type"] == "http.request":
             self._record(message)
         elif message["type"] == "http.disconnect":
@@ -71,7 +78,31 @@ class Exchange:
         if message["type"] == "http.response.start":
             # Set before sending: a start that failed half-way may still have reached the client.
             self.started = True
-        await self._send(message)
+        try:
+            await self._send(message)
+        except Exception as exc:
+            self.channel_error = exc
+            raise
+
+    def raised_by_channel(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is (or wraps) an error of the server's channel, e.g. an outer body
+        limit or a client gone away: the app did not fail, so there is nothing to recover."""
+        channel = self.channel_error
+        if channel is None:
+            return False
+        seen: set[int] = set()
+        pending = [exc]
+        while pending and len(seen) < 50:
+            current = pending.pop()
+            if current is channel:
+                return True
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            if isinstance(current, BaseExceptionGroup):
+                pending.extend(current.exceptions)
+            pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+        return False
 
     def _record(self, message: Message) -> None:
         if self.complete:

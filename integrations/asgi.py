@@ -59,6 +59,7 @@ DEFAULT_MAX_REPLAY_BODY = 4 * 1024 * 1024
 # The core ends a recovery at ``timeout``; this backstop also bounds the waits around it.
 _BUDGET_SLACK = 1.0
 _STARTED = "the response had already started; a second http.response.start is never sent"
+_GONE = "the client had disconnected; there is nobody to answer"
 
 
 class CrashOverrideMiddleware:
@@ -179,29 +180,29 @@ class CrashOverrideMiddleware:
         try:
             await self.app(scope, exchange.receive, exchange.send)
         except Exception as exc:
-            if not isinstance(exc, self._catch):
+            if not isinstance(exc, self._catch) or exchange.raised_by_channel(exc):
                 raise
-            if exchange.started:
-                self._skip_started(exc, exchange)
+            if exchange.started or exchange.disconnected:
+                self._skip(exc, exchange, _STARTED if exchange.started else _GONE)
                 raise
             response = await self._recover(exc, exchange)
             if response is None:
                 raise  # the original exception, untouched: the app's normal 500 follows
             await send_response(send, response)
 
-    def _skip_started(self, exc: Exception, exchange: Exchange) -> None:
+    def _skip(self, exc: Exception, exchange: Exchange, reason: str) -> None:
         from crashoverride import _log
         from crashoverride._recovery import fingerprint
 
         from ._asgi_block import request_fields
 
         _log.emit(
-            "warning", _log.SKIPPED, reason=_STARTED, fingerprint=fingerprint(exc),
+            "warning", _log.SKIPPED, reason=reason, fingerprint=fingerprint(exc),
             exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
             handler=self.settings.name or "request",
             **request_fields(exchange, self._request_id),
         )  # fmt: skip
-        exc.add_note(f"crashoverride: recovery skipped: {_STARTED}")
+        exc.add_note(f"crashoverride: recovery skipped: {reason}")
 
     async def _recover(self, exc: Exception, exchange: Exchange) -> CapturedResponse | None:
         from crashoverride import _log

@@ -70,6 +70,7 @@ async def call(
     chunks: Sequence[bytes] = (b"",),
     headers: Sequence[tuple[bytes, bytes]] = (),
     disconnect_after: float | None = None,
+    receive_error: Exception | None = None,
 ) -> tuple[int, dict[bytes, bytes], bytes]:
     inbox = [
         {"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
@@ -78,6 +79,8 @@ async def call(
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
+        if receive_error is not None:
+            raise receive_error
         if inbox:
             return inbox.pop(0)
         if disconnect_after is not None:
@@ -235,6 +238,36 @@ async def test_only_the_configured_requests_and_exceptions_are_recovered(
         with pytest.raises(LookupError, match="flaky"):
             await call(app, "GET", "/fail-first")
     assert model.calls == ()
+
+
+class BodyTooLarge(Exception):
+    """What an outer body-limit middleware raises from ``receive``."""
+
+
+async def test_errors_of_the_outer_channel_are_not_recovered(anyio_backend: str) -> None:
+    model = scripted()  # any agent run would fail the test: no steps
+    app = CrashOverrideMiddleware(raw_app, crash_override=CrashOverride(model=model))
+    error = BodyTooLarge("413")
+    with capture_logs() as logs, pytest.raises(BodyTooLarge) as caught:
+        await call(app, "POST", "/echo", receive_error=error)
+    assert caught.value is error
+    assert model.calls == ()
+    assert not logs
+
+
+async def test_a_failure_after_the_client_left_is_skipped(anyio_backend: str) -> None:
+    model = scripted()
+
+    async def gone(scope: Any, receive: Any, send: Any) -> None:
+        assert (await receive())["type"] == "http.disconnect"
+        raise ConnectionError("the client went away")
+
+    app = CrashOverrideMiddleware(gone, crash_override=CrashOverride(model=model))
+    with capture_logs() as logs, pytest.raises(ConnectionError):
+        await call(app, "GET", "/", chunks=(), disconnect_after=0)
+    assert model.calls == ()
+    [skipped] = [e for e in logs if e["event"] == "recovery.skipped"]
+    assert "disconnected" in skipped["reason"]
 
 
 async def test_the_request_budget_bounds_a_stuck_recovery(anyio_backend: str) -> None:
