@@ -175,6 +175,28 @@ async def test_background_work_runs_in_the_lifespan_group(anyio_backend: str) ->
     assert [e["job_id"] for e in logs if e["event"] == "background.succeeded"] == [job_id]
 
 
+async def test_follow_ups_of_a_request_recovery_run_in_the_lifespan_group(
+    anyio_backend: str,
+) -> None:
+    model = scripted(
+        exec_step("spawn_followup('write the permanent fix as a patch file')"),
+        exec_step("respond(503, 'try again shortly')"),
+        done_step("answered 503; follow-up queued"),
+        done_step("follow-up: nothing to do in a test"),  # the follow-up's own agent run
+    )
+    app = CrashOverrideMiddleware(raw_app, crash_override=CrashOverride(model=model))
+    with capture_logs() as logs:
+        async with lifespan(app):
+            assert (await call(app, "GET", "/fail-first"))[0] == 503
+    [submitted] = [e for e in logs if e["event"] == "followup.submitted"]
+    assert submitted["runner"] == "BackgroundRunner"
+    assert [e["event"] for e in logs if e["event"].startswith("background.")] == [
+        "background.submitted",
+        "background.succeeded",
+    ]
+    assert model.remaining_steps == 0
+
+
 async def test_shutdown_cancels_background_work_after_the_grace_period(
     anyio_backend: str,
 ) -> None:
