@@ -21,7 +21,9 @@ What it does:
 
 Installed with ``add_middleware`` it sits inside Starlette's ``ServerErrorMiddleware`` (which
 turns a propagated exception into the 500) and outside ``ExceptionMiddleware`` (so handled
-``HTTPException`` responses never reach it).
+``HTTPException`` responses never reach it). Do not wrap a whole Starlette or FastAPI app from
+the outside instead: its own ``ServerErrorMiddleware`` would have sent the 500 already, and the
+middleware only logs ``recovery.skipped``.
 """
 
 from __future__ import annotations

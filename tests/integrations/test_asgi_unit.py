@@ -148,6 +148,34 @@ async def test_a_client_disconnect_ends_the_recovery(anyio_backend: str) -> None
     assert any("client disconnected" in note for note in caught.value.__notes__)
 
 
+async def test_a_replay_routes_from_the_scope_the_server_sent(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.routing import Mount, Route
+
+    from tests.integrations import asgi_apps
+
+    monkeypatch.setattr(asgi_apps, "read_price", asgi_apps.read_price)
+    model = scripted(
+        exec_step(
+            "def read_price(item):\n    return PRICES[item]['cost']\n"
+            "globals()['read_price'] = read_price\nr = await replay_request()\nr.status"
+        ),
+        done_step("patched and replayed"),
+    )
+    # Routing through a Mount rewrites root_path in the scope: replaying that mutated scope
+    # would route to /api/api/... and 404.
+    app = Starlette(
+        routes=[Mount("/api", routes=[Route("/price/{item}", asgi_apps.price)])],
+        middleware=[Middleware(CrashOverrideMiddleware, crash_override=CrashOverride(model=model))],
+    )
+    status, _, body = await call(app, "GET", "/api/price/pear")
+    assert (status, body) == (200, b'{"item":"pear","price":5}')
+    assert tool_outputs(model)[0] == "200"
+
+
 async def test_background_work_runs_in_the_lifespan_group(anyio_backend: str) -> None:
     model = scripted(
         exec_step(
