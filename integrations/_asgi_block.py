@@ -145,7 +145,7 @@ class RequestRecovery:
 
     def _block(self, exc: BaseException) -> Block:
         frame = app_frame(exc)
-        endpoint = self.exchange.scope.get("endpoint")
+        endpoint = self.exchange.live_scope.get("endpoint")
         globals_: dict[str, Any] = {}
         if frame is not None:
             globals_ = frame.f_globals

@@ -38,6 +38,7 @@ class Exchange:
         "complete",
         "disconnected",
         "limit",
+        "live_scope",
         "scope",
         "size",
         "started",
@@ -47,6 +48,8 @@ class Exchange:
         # Routing mutates the scope in place (endpoint, path_params...): a replay needs it as the
         # server delivered it.
         self.scope = dict(scope)
+        # The scope as routing left it (``endpoint``...), for describing the failure.
+        self.live_scope = scope
         self._receive = receive
         self._send = send
         self.limit = limit

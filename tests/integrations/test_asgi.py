@@ -61,11 +61,21 @@ def named(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    ("flavour", "path"),
-    [("starlette", "/price/apple"), ("fastapi", "/price/apple"), ("fastapi", "/sync-price/apple")],
+    ("flavour", "path", "endpoint"),
+    [
+        ("starlette", "/price/apple", "price"),
+        ("fastapi", "/price/apple", "fastapi_price"),
+        ("fastapi", "/sync-price/apple", "fastapi_sync_price"),
+    ],
 )
-def test_recovered_via_replay(flavour: str, path: str, logs: list[dict[str, Any]]) -> None:
-    model = scripted(exec_step(FIX), done_step("read_price reads 'cost' now; replayed"))
+def test_recovered_via_replay(
+    flavour: str, path: str, endpoint: str, logs: list[dict[str, Any]]
+) -> None:
+    model = scripted(
+        exec_step("endpoint.__name__"),
+        exec_step(FIX),
+        done_step("read_price reads 'cost' now; replayed"),
+    )
     app = APPS[flavour](crash_override=CrashOverride(model=model), prompt="Real prices only.")
     with serve(app) as server:
         first = httpx.get(server.url + path, headers={"X-Request-ID": "req-42"}, timeout=30)
@@ -74,7 +84,9 @@ def test_recovered_via_replay(flavour: str, path: str, logs: list[dict[str, Any]
     assert (first.status_code, first.json()) == (200, {"item": "apple", "price": 3})
     assert (second.status_code, second.json()) == (200, {"item": "pear", "price": 5})
     assert model.remaining_steps == 0
-    assert "200" in tool_outputs(model)[0]
+    endpoint_name, replayed = tool_outputs(model)
+    assert endpoint_name == endpoint  # the routed endpoint is in the namespace
+    assert "200" in replayed
     assert "GET is a safe method" in first_input(model)
     [started] = named(logs, "recovery.started")
     [succeeded] = named(logs, "recovery.succeeded")
