@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 from ._app import CrashOverride
 from ._errors import ConfigurationError
 from ._handler import Handler
+from ._redact import Redaction
 
 if TYPE_CHECKING:
-    from ._report import RecoveryReport, ToolCallRecord, Usage
+    from ._report import RecoveryReport, SourceChange, ToolCallRecord, Usage
 
 __version__ = "0.3.0.dev0"
 
@@ -26,12 +27,14 @@ __all__ = [
     "CrashOverride",
     "Handler",
     "RecoveryReport",
+    "Redaction",
+    "SourceChange",
     "ToolCallRecord",
     "Usage",
     "__version__",
 ]
 
-_LAZY = {"RecoveryReport", "ToolCallRecord", "Usage"}
+_LAZY = {"RecoveryReport", "SourceChange", "ToolCallRecord", "Usage"}
 
 
 def __getattr__(name: str) -> Any:

@@ -12,12 +12,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._bridge import Dispatch, Job
+from ._agent_tools import agent_tools
+from ._bridge import Dispatch
 from ._report import ToolCallRecord, Usage
 from ._settings import Settings
 from ._state import RunState
 from ._text import clip
-from ._tools import AgentExit, Workspace, describe_result, format_tool_error
+from ._tools import AgentExit, Workspace, format_tool_error
 
 Check = Callable[[], Any]  # returns None/True when recovered, or a reason string / False
 
@@ -48,6 +49,8 @@ class AgentJob:
         redact: Callable[[str], str],
         on_tool: Callable[[ToolCallRecord], None],
         tools: Sequence[Callable[..., Any]] = (),
+        mode: str = "repair",
+        approve: Callable[[str], Any] | None = None,
     ) -> None:
         self.settings = settings
         self.instructions = instructions
@@ -59,6 +62,8 @@ class AgentJob:
         self.redact = redact
         self.on_tool = on_tool
         self.tools = tuple(tools)  # per-recovery tools (e.g. spawn_followup)
+        self.mode = mode
+        self.approve = approve
 
 
 def import_sdk() -> None:
@@ -66,7 +71,8 @@ def import_sdk() -> None:
     import agents  # noqa: F401
 
 
-def _build_model(settings: Settings) -> Any:
+def _build_model(settings: Settings, owned: list[Any]) -> Any:
+    """The model for this run; clients created here are appended to ``owned`` (to close)."""
     model = settings.model
     if model is not None and not isinstance(model, str):
         return model  # an SDK Model instance, e.g. agents.testing.ScriptedModel
@@ -85,7 +91,9 @@ def _build_model(settings: Settings) -> Any:
 
         # Local OpenAI-compatible servers usually ignore the key but the client requires one.
         key = settings.api_key or os.environ.get("OPENAI_API_KEY") or "unused"
-        client = AsyncOpenAI(api_key=key, base_url=settings.base_url)
+        # One retry for a transient error; the recovery's timeout bounds the rest.
+        client = AsyncOpenAI(api_key=key, base_url=settings.base_url, max_retries=1)
+        owned.append(client)
     name = model or get_default_model()
     if settings.base_url is not None:
         # Local servers (Ollama, vLLM, test mocks) speak chat completions, not Responses.
@@ -116,76 +124,6 @@ def _tool_failure(_: Any, error: Exception) -> str:
     return format_tool_error(error)
 
 
-def _tools(job: AgentJob, dispatch: Dispatch) -> list[Any]:
-    from agents import function_tool
-
-    serial = asyncio.Lock()
-    ws, state = job.workspace, job.state
-
-    async def call(tool: str, code: str, work: Job) -> str:
-        started = time.perf_counter()
-        async with serial:  # one snippet at a time, in the order the model asked
-            ok = False
-            try:
-                value = await dispatch(work)
-                text, ok = describe_result(value, ws.take_output()), True
-            except AgentExit as exc:
-                state.aborted = str(exc)
-                text = f"{exc}. A recovery never exits the process; the recovery is over."
-            except Exception as exc:
-                printed = ws.take_output()
-                error = format_tool_error(exc, ws.error)
-                text = (clip(printed, 2_000) + "\n" if printed else "") + error
-        text = job.redact(text)
-        record = ToolCallRecord(
-            tool=tool,
-            code=job.redact(clip(code, 4_000)),
-            result=text,
-            ok=ok,
-            duration_ms=round((time.perf_counter() - started) * 1000, 3),
-        )
-        state.records.append(record)
-        job.on_tool(record)
-        return text
-
-    async def eval_python(expression: str) -> str:
-        """Evaluate one Python expression in the live process and return its value.
-
-        Args:
-            expression: A Python expression; `await` is allowed.
-        """
-        return await call("eval_python", expression, lambda: ws.evaluate(expression))
-
-    async def exec_python(statements: str) -> str:
-        """Execute Python statements in the live process.
-
-        Returns what they printed and the value of a trailing expression, or a traceback.
-
-        Args:
-            statements: Python statements; top-level `await` is allowed.
-        """
-        return await call("exec_python", statements, lambda: ws.execute(statements))
-
-    def give_up(reason: str) -> str:
-        """Stop the recovery: the original exception is re-raised with your reason attached.
-
-        Args:
-            reason: Why the postcondition cannot be established, in one sentence.
-        """
-        message = state.give_up(reason)
-        state.records.append(
-            ToolCallRecord("give_up", job.redact(clip(reason, 2_000)), message, True, 0.0)
-        )
-        job.on_tool(state.records[-1])
-        return message
-
-    return [
-        function_tool(eval_python, failure_error_function=_tool_failure),
-        function_tool(exec_python, failure_error_function=_tool_failure),
-        function_tool(give_up, failure_error_function=_tool_failure),
-    ]
-
-
 async def run_agent(job: AgentJob, dispatch: Dispatch) -> AgentRun:
     """Run the agent to its end; never raises except for cancellation."""
     run = AgentRun()
@@ -205,15 +143,16 @@ async def run_agent(job: AgentJob, dispatch: Dispatch) -> AgentRun:
     def stop_when_ended(_: Any, __: Any) -> Any:
         return ToolsToFinalOutputResult(is_final_output=state.stopped, final_output=None)
 
+    owned: list[Any] = []
     try:
         agent_kwargs: dict[str, Any] = {
             "name": "crashoverride",
             "instructions": job.instructions,
-            "tools": _tools(job, dispatch) + _job_tools(job) + _user_tools(settings),
+            "tools": agent_tools(job, dispatch) + _job_tools(job) + _user_tools(settings),
             "mcp_servers": list(settings.mcp_servers),
             "tool_use_behavior": stop_when_ended,
         }
-        model = _build_model(settings)
+        model = _build_model(settings, owned)
         if model is not None:
             agent_kwargs["model"] = model
         factory = settings.agent_factory
@@ -223,6 +162,7 @@ async def run_agent(job: AgentJob, dispatch: Dispatch) -> AgentRun:
         )
     except Exception as exc:
         run.failure = f"could not set up the agent: {type(exc).__name__}: {clip(str(exc), 300)}"
+        await _close(owned)
         return run
 
     result: Any = None
@@ -231,7 +171,7 @@ async def run_agent(job: AgentJob, dispatch: Dispatch) -> AgentRun:
             result = await Runner.run(
                 agent, job.input_text, max_turns=settings.max_turns, run_config=config
             )
-            if not state.stopped and job.check is not None:
+            if not state.stopped and job.check is not None and job.mode == "repair":
                 verdict = await dispatch(job.check)
                 if verdict is False or isinstance(verdict, str):
                     run.failure = verdict or "the postcondition does not hold"
@@ -245,9 +185,20 @@ async def run_agent(job: AgentJob, dispatch: Dispatch) -> AgentRun:
         run.failure = f"{type(exc).__name__}: {clip(job.redact(str(exc)), 500)}"
         details = getattr(exc, "run_data", None)
         result = details if details is not None else None
+    finally:
+        # A client left open outlives its loop (temporary loops close right after the run).
+        await _close(owned)
     if result is not None:
         _collect(run, result)
     return run
+
+
+async def _close(clients: list[Any]) -> None:
+    for client in clients:
+        try:
+            await client.close()
+        except Exception:  # closing is best effort; the recovery's outcome is already decided
+            pass
 
 
 def _collect(run: AgentRun, result: Any) -> None:

@@ -13,6 +13,7 @@ _new = object.__new__
 
 if TYPE_CHECKING:
     from ._limits import Limits
+    from ._redact import Redaction
     from ._report import RecoveryReport
 
 
@@ -49,6 +50,14 @@ class CrashOverride:
         followup_runner: Where follow-ups run; default: the current runner (``followups.using``)
             or a supervised thread.
         followup_timeout: Wall-clock budget of one follow-up agent run, in seconds.
+        mode: ``"repair"`` (full tools) or ``"diagnose"`` (read-only inspection; the exception
+            is always re-raised with the agent's diagnosis attached).
+        approve: Called with the code before each snippet the agent runs (sync or async); a
+            false result or a string (the reason) denies it and the model is told so.
+        allow_source_changes: Let recoveries persist fixes to source files (off by default).
+        source_changes: ``"write"`` (edit the file, keep a backup) or ``"patch"`` (write a
+            ``.patch`` file for review instead).
+        redaction: Extra redaction rules (``crashoverride.Redaction``) on top of the defaults.
     """
 
     __slots__ = ("_limits_lock", "_limits_state", "_settings")
@@ -79,6 +88,11 @@ class CrashOverride:
         followups: str | Sequence[str] = (),
         followup_runner: Any = None,
         followup_timeout: float = 600.0,
+        mode: str = "repair",
+        approve: Callable[[str], Any] | None = None,
+        allow_source_changes: bool = False,
+        source_changes: str = "write",
+        redaction: Redaction | None = None,
     ) -> None:
         self._settings = Settings.for_app(
             project_prompt=project_prompt,
@@ -104,6 +118,11 @@ class CrashOverride:
             followups=followups,
             followup_runner=followup_runner,
             followup_timeout=followup_timeout,
+            mode=mode,
+            approve=approve,
+            allow_source_changes=allow_source_changes,
+            source_changes=source_changes,
+            redaction=redaction,
         )
         self._limits_lock = _thread.allocate_lock()
         self._limits_state: Limits | None = None
@@ -132,6 +151,10 @@ class CrashOverride:
             followups: str | Sequence[str] = (),
             followup_runner: Any = UNSET,
             followup_timeout: float = UNSET,
+            mode: str = UNSET,
+            approve: Callable[[str], Any] | None = UNSET,
+            allow_source_changes: bool = UNSET,
+            source_changes: str = UNSET,
         ) -> Handler: ...
 
     else:

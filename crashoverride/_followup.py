@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import _log
-from ._report import RecoveryReport, ToolCallRecord, Usage
+from ._report import RecoveryReport, SourceChange, ToolCallRecord, Usage
 from ._text import clip
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ class FollowupJob:
         """A JSON-safe dict, for runners that hand the job to another process."""
         data = dataclasses.asdict(self)
         data["report"]["tool_calls"] = [dict(call) for call in data["report"]["tool_calls"]]
+        data["report"]["source_changes"] = [dict(c) for c in data["report"]["source_changes"]]
         return data
 
     @classmethod
@@ -90,6 +91,9 @@ class FollowupJob:
         raw = dict(data["report"])
         raw["tool_calls"] = tuple(ToolCallRecord(**call) for call in raw.get("tool_calls", ()))
         raw["usage"] = Usage(**raw.get("usage", {}))
+        raw["source_changes"] = tuple(
+            SourceChange(**change) for change in raw.get("source_changes", ())
+        )
         return cls(
             id=str(data["id"]),
             objective=str(data["objective"]),
@@ -351,6 +355,7 @@ async def execute(job: FollowupJob, settings: Settings) -> FollowupResult:
         deadline=time.monotonic() + job.timeout,
         redact=redact,
         on_tool=on_tool,
+        approve=derived.approve,  # the application's approval gate covers follow-ups too
     )
     run: AgentRun | None = None
     failure: str | None

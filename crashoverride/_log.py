@@ -15,6 +15,7 @@ FAILED = "recovery.failed"
 SKIPPED = "recovery.skipped"
 LOOP_BLOCKED = "recovery.loop_blocked"
 CALLBACK_FAILED = "recovery.callback_failed"
+SOURCE_CHANGED = "recovery.source_changed"
 
 
 def emit(level: str, event: str, **fields: Any) -> None:

@@ -20,6 +20,10 @@ globals, then builtins. Assignments stay private to your session; to change a lo
 the code after the block will use, write `caller["name"] = value`. `error` is the exception.
 Functions you define see the module's globals, not your session names; modules you import at
 the top level of a snippet are also bound in the module when it has no such name yet.
+Helpers in that namespace: show_source(obj) (the source a live object runs now, also after a
+patch); replace_function(func, new_func_or_source) swaps the code of `func` in place so every
+existing reference sees it (plain `module.func = new` misses `from module import func` copies);
+rebind_everywhere(old, new) for builtins and cases replace_function refuses.
 
 How to work:
 1. First state, in one sentence, the postcondition the block was meant to establish: what must
@@ -35,13 +39,56 @@ How to work:
    process so later calls work too, then establish the postcondition for this occurrence.
 6. Verify the postcondition with the tools before you finish.
 7. Change files on disk, or queue work that changes code, only if the prompts authorise it.
+   {persistence}
 When done, answer with one short line saying what you did. Do not ask questions: nobody will
 answer them.
 """
 
 
-def build_instructions(system_prompt: str | None, project_prompt: str, prompt: str) -> str:
-    parts = [system_prompt if system_prompt is not None else DEFAULT_SYSTEM_PROMPT]
+PERSIST_ON = {
+    "write": "To make a repair durable use persist_function(func) (writes what `func` runs now "
+    "over its definition, keeping a backup) or persist_file_edit(path, old, new).",
+    "patch": "persist_function(func) and persist_file_edit(path, old, new) propose the change as a "
+    ".patch file for review; the source file itself is not changed.",
+}
+PERSIST_OFF = "Persisting fixes to files is switched off for this application."
+
+DIAGNOSE_SYSTEM_PROMPT = """\
+You are the diagnosis agent of a running Python process. A block of its code has just raised an
+exception. You may look but not touch: the exception will be re-raised whatever you find, with
+your diagnosis attached for the developers.
+
+Tools:
+- inspect_python(expression): evaluate a read-only expression: values, attributes, indexing,
+  and calls to inspection functions only (len, type, repr, isinstance, sorted, getattr, vars,
+  dir, show_source(obj) and read-only methods like keys/items/get). No assignments.
+- give_up(reason): stop early with what you know.
+Names resolve: the failed block's local variables (`caller`), then the module's globals, then
+builtins. `error` is the exception.
+
+How to work: state what the block was meant to achieve; read the relevant source with
+show_source(...) and look at the live values; find the root cause, not the symptom. Finish with
+a short diagnosis: the root cause, the evidence, and the fix you would make (which function,
+what change). Do not ask questions: nobody will answer them.
+"""
+
+
+def build_instructions(
+    system_prompt: str | None,
+    project_prompt: str,
+    prompt: str,
+    *,
+    mode: str = "repair",
+    persistence: str | None = None,
+) -> str:
+    if system_prompt is not None:
+        base = system_prompt
+    elif mode == "diagnose":
+        base = DIAGNOSE_SYSTEM_PROMPT
+    else:
+        text = PERSIST_ON.get(persistence, PERSIST_OFF) if persistence else PERSIST_OFF
+        base = DEFAULT_SYSTEM_PROMPT.replace("{persistence}", text)
+    parts = [base]
     if project_prompt.strip():
         parts.append("About this application (from its developers):\n" + project_prompt.strip())
     if prompt.strip():

@@ -119,7 +119,8 @@ class Recovery:
         self.t0 = time.monotonic()
         self.waited = 0.0
         self.state = RunState()
-        self.redact = Redactor(_secret_values(block))
+        policy = settings.redaction
+        self.redact = Redactor(_secret_values(block, Redactor((), policy).is_secret), policy)
         self.exc_type = f"{type(exc).__module__}.{type(exc).__qualname__}"
         self.exception_text = self.redact(describe_exception(exc))
         self.traceback_text = self.redact(format_traceback(exc))
@@ -128,6 +129,7 @@ class Recovery:
         self.leading = False
         self.slot: Any = None
         self.workspace: Any = None
+        self.editor: Any = None
         self.followups: Any = None
 
     # -- events ----------------------------------------------------------------------------
@@ -170,6 +172,8 @@ class Recovery:
         from ._agent import AgentJob
         from ._followup import FollowupSession
         from ._frames import CallerLocals
+        from ._patching import rebind_everywhere, replace_function, show_source
+        from ._persist import SourceEditor
         from ._prompt import build_input, build_instructions
         from ._tools import Workspace
 
@@ -180,7 +184,19 @@ class Recovery:
             caller = CallerLocals(block.frame)
         # Follow-ups the agent asks for are submitted when the recovery concludes.
         self.followups = FollowupSession(self.settings, self.id)
+        self.editor = SourceEditor(
+            allowed=self.settings.allow_source_changes,
+            style=self.settings.source_changes,
+            recovery_id=self.id,
+            redact=self.redact,
+            fields=self.fields,
+        )
         bindings = {
+            "replace_function": replace_function,
+            "rebind_everywhere": rebind_everywhere,
+            "show_source": show_source,
+            "persist_function": self.editor.persist_function,
+            "persist_file_edit": self.editor.persist_file_edit,
             "error": exc,
             "give_up": state.give_up,
             "raise_instead": state.raise_instead,
@@ -201,13 +217,19 @@ class Recovery:
         return AgentJob(
             settings=settings,
             instructions=self.redact(
-                build_instructions(settings.system_prompt, settings.project_prompt, settings.prompt)
+                build_instructions(
+                    settings.system_prompt,
+                    settings.project_prompt,
+                    settings.prompt,
+                    mode=settings.mode,
+                    persistence=settings.source_changes if settings.allow_source_changes else None,
+                )
             ),
             input_text=self.redact(
                 build_input(
                     exception=self.exception_text,
                     traceback_text=self.traceback_text,
-                    locals_summary=summarize_locals(shown),
+                    locals_summary=summarize_locals(shown, is_secret=self.redact.is_secret),
                     block_brief=block.brief,
                     location=location,
                 )
@@ -218,7 +240,9 @@ class Recovery:
             deadline=time.monotonic() + settings.timeout,
             redact=self.redact,
             on_tool=self.on_tool,
-            tools=self.followups.tools(),
+            tools=self.followups.tools() if settings.mode == "repair" else (),
+            mode=settings.mode,
+            approve=settings.approve,
         )
 
     def started(self, placement: str) -> None:
@@ -248,6 +272,8 @@ class Recovery:
             started_at=self.started_at,
             duration_ms=round((time.monotonic() - self.t0) * 1000, 3),
             waited_ms=round(self.waited * 1000, 3),
+            mode=self.settings.mode,
+            source_changes=tuple(self.editor.changes) if self.editor is not None else (),
         )  # fmt: skip
 
     def skipped(self, reason: str) -> Decision:
@@ -273,6 +299,10 @@ class Recovery:
             failure = state.aborted
         elif state.gave_up is not None:
             failure = f"the agent gave up: {state.gave_up}"
+        elif self.settings.mode == "diagnose":
+            # Diagnose mode never suppresses: the diagnosis travels with the original exception.
+            diagnosis = run.final_output if run is not None and run.final_output else "(none)"
+            failure = failure or f"diagnose mode; diagnosis: {clip(diagnosis, 1_000)}"
         recovered = failure is None
         self.limits.breaker.record(self.fingerprint, recovered)
         if recovered:
@@ -336,10 +366,8 @@ class Recovery:
         self.block = None
 
 
-def _secret_values(block: Block) -> list[str]:
+def _secret_values(block: Block, is_secret_name: Callable[[str], bool]) -> list[str]:
     """String values bound to secret-looking names in the protected frame (to mask anywhere)."""
-    from ._redact import is_secret_name
-
     found: list[str] = []
     for names in (block.caller, block.frame.f_locals if block.frame is not None else None):
         if names is None:

@@ -17,6 +17,20 @@ class ToolCallRecord:
     result: str
     ok: bool
     duration_ms: float
+    approved_by: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceChange:
+    """A source file a recovery changed (``written``) or proposed a patch for (``proposed``).
+
+    ``file`` is the backup of the previous source, or the ``.patch`` file for review.
+    """
+
+    path: str
+    kind: Literal["written", "proposed"]
+    diff: str
+    file: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +73,8 @@ class RecoveryReport:
     started_at: float = 0.0
     duration_ms: float = 0.0
     waited_ms: float = 0.0
+    mode: str = "repair"
+    source_changes: tuple[SourceChange, ...] = ()
 
     @property
     def recovered(self) -> bool:

@@ -149,6 +149,30 @@ def _check_runner(value: object) -> object:
     return value
 
 
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigurationError(
+            name, f"expected one of {', '.join(map(repr, choices))}, got {value!r}"
+        )
+    return value
+
+
+def _check_redaction(value: object) -> object:
+    if value is None:
+        return None
+    from ._redact import Redaction
+
+    if not isinstance(value, Redaction):
+        raise ConfigurationError(
+            "redaction", f"expected a crashoverride.Redaction or None, got {type(value).__name__}"
+        )
+    return value
+
+
+MODES: Final = ("repair", "diagnose")
+SOURCE_STYLES: Final = ("write", "patch")
+
+
 def _union(first: tuple[Any, ...], second: tuple[Any, ...]) -> tuple[Any, ...]:
     """Concatenate, dropping items already present by identity (not equality)."""
     seen = {id(item) for item in first}
@@ -165,7 +189,9 @@ class Settings:
 
     __slots__ = (
         "agent_factory",
+        "allow_source_changes",
         "api_key",
+        "approve",
         "base_url",
         "breaker_cooldown",
         "breaker_threshold",
@@ -178,6 +204,7 @@ class Settings:
         "max_concurrent_recoveries",
         "max_turns",
         "mcp_servers",
+        "mode",
         "model",
         "name",
         "on_recovery",
@@ -185,7 +212,9 @@ class Settings:
         "postcondition",
         "project_prompt",
         "prompt",
+        "redaction",
         "single_flight",
+        "source_changes",
         "system_prompt",
         "timeout",
         "tools",
@@ -216,6 +245,11 @@ class Settings:
     postcondition: Callable[..., Any] | None
     name: str | None
     followups: tuple[str, ...]
+    mode: str
+    approve: Callable[..., Any] | None
+    allow_source_changes: bool
+    source_changes: str
+    redaction: Any
     followup_runner: object
     followup_timeout: float
 
@@ -253,8 +287,18 @@ class Settings:
         followups: object = (),
         followup_runner: object = None,
         followup_timeout: object = 600.0,
+        mode: object = "repair",
+        approve: object = None,
+        allow_source_changes: object = False,
+        source_changes: object = "write",
+        redaction: object = None,
     ) -> Settings:
         return cls(
+            mode=_check_choice("mode", mode, MODES),
+            approve=_check_callable("approve", approve),
+            allow_source_changes=_check_bool("allow_source_changes", allow_source_changes),
+            source_changes=_check_choice("source_changes", source_changes, SOURCE_STYLES),
+            redaction=_check_redaction(redaction),
             project_prompt=_check_str("project_prompt", project_prompt),
             prompt="",
             model=_check_model(model),
@@ -303,6 +347,10 @@ class Settings:
             "name": lambda v: _check_str("name", v, optional=True),
             "tracing": lambda v: _check_bool("tracing", v),
             "followup_runner": _check_runner,
+            "mode": lambda v: _check_choice("mode", v, MODES),
+            "approve": lambda v: _check_callable("approve", v),
+            "allow_source_changes": lambda v: _check_bool("allow_source_changes", v),
+            "source_changes": lambda v: _check_choice("source_changes", v, SOURCE_STYLES),
             "followup_timeout": lambda v: _check_number("followup_timeout", v),
         }
         for key, value in overrides.items():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import reprlib
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -119,7 +119,11 @@ def _note_hidden(item: traceback.TracebackException, hidden: int) -> None:
     item.__notes__ = notes
 
 
-def summarize_locals(names: Mapping[str, Any], limit: int = LOCALS_LIMIT) -> str:
+def summarize_locals(
+    names: Mapping[str, Any],
+    limit: int = LOCALS_LIMIT,
+    is_secret: Callable[[str], bool] = is_secret_name,
+) -> str:
     """One line per local: name, type and a short repr; secret-looking names are masked."""
     lines: list[str] = []
     used = 0
@@ -127,7 +131,7 @@ def summarize_locals(names: Mapping[str, Any], limit: int = LOCALS_LIMIT) -> str
     for index, (name, value) in enumerate(items):
         if name.startswith("__") and name.endswith("__"):
             continue
-        shown = MASK if is_secret_name(name) else safe_repr(value)
+        shown = MASK if is_secret(name) else safe_repr(value)
         line = f"  {name} ({type(value).__name__}) = {shown}"
         if used + len(line) > limit:
             lines.append(f"  ... {len(items) - index} more (inspect them with eval_python)")

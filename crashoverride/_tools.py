@@ -34,6 +34,12 @@ _MAX_SOURCES = 2_000
 _SOURCES: OrderedDict[str, None] = OrderedDict()
 
 
+def compile_source(source: str) -> CodeType:
+    """Compile module-level source with its text registered (tracebacks, ``inspect``)."""
+    code: CodeType = compile(source, _register_source(source), "exec", dont_inherit=True)
+    return code
+
+
 class AgentExit(Exception):
     """Agent code called ``sys.exit()``: a recovery never exits the process; it ends instead."""
 
@@ -169,6 +175,15 @@ class Workspace:
         return module
 
     # -- jobs: run in the owner thread by the bridge; may return an awaitable ---------------
+
+    def inspect(self, expression: str) -> Any:
+        """Diagnose mode: evaluate an expression that passed the read-only check."""
+        from ._readonly import check_read_only
+
+        tree = check_read_only(expression)
+        filename = _register_source(expression)
+        code: CodeType = compile(tree, filename, "eval", dont_inherit=True)
+        return self._guard(lambda: eval(code, self.globals, self._names), code)
 
     def evaluate(self, expression: str) -> Any:
         code = self._compile(expression.strip(), "eval")

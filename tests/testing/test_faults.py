@@ -47,7 +47,7 @@ def test_http_500() -> None:
     with serve(http_error(500, times=None)) as srv:
         _, report = fail_through(srv)
     assert "InternalServerError" in report.reason and "500" in report.reason
-    assert len(srv.requests) == 3  # the openai client's two retries, then the recovery fails
+    assert len(srv.requests) == 2  # one retry by the openai client (max_retries=1), then it fails
 
 
 def test_429_retry_after_is_honoured_then_the_run_continues() -> None:

@@ -1,0 +1,127 @@
+"""Making a runtime repair durable: write the fix to the source file, or propose it as a patch.
+
+Off unless the application or handler passes ``allow_source_changes=True``. This is a rail for
+honest agents, not a security boundary: ``exec_python`` can write files anyway (the README says
+so). What it adds: a syntax check before writing, a backup, a unified diff logged as
+``recovery.source_changed`` and recorded in the report, and the "propose only" mode that writes
+a ``.patch`` file for review instead of touching the source.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import inspect
+import os
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+from . import _log
+from ._patching import origin
+from ._report import SourceChange
+from ._text import clip
+
+REFUSED = (
+    "source changes are off for this recovery: the application must pass "
+    "allow_source_changes=True (to CrashOverride or the handler) before a recovery may change "
+    "files. The running process can still be repaired with replace_function()."
+)
+
+
+class SourceEditor:
+    """The persistence helpers bound into one recovery's namespace."""
+
+    def __init__(
+        self,
+        *,
+        allowed: bool,
+        style: str,
+        recovery_id: str,
+        redact: Callable[[str], str],
+        fields: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.allowed = allowed
+        self.style = style
+        self.recovery_id = recovery_id
+        self.redact = redact
+        self.fields = fields
+        self.changes: list[SourceChange] = []
+
+    def persist_function(self, func: Any, new_source: str | None = None) -> str:
+        """Write ``func``'s new source (default: what it runs now) over its definition on disk."""
+        if not self.allowed:
+            raise PermissionError(REFUSED)
+        found = origin(getattr(func, "__func__", func))
+        if found is None:
+            raise ValueError(f"cannot tell which file defines {func!r}")
+        path, first_line, original = found
+        if new_source is None:
+            new_source = inspect.getsource(func)
+        text = _read(path)
+        lines = text.splitlines(keepends=True)
+        start = first_line - 1
+        old_lines = original.splitlines(keepends=True)
+        if "".join(lines[start : start + len(old_lines)]) != original:
+            # The file moved under us: fall back to finding the original text once.
+            if text.count(original) != 1:
+                raise ValueError(f"{path} no longer contains the original definition exactly once")
+            start = text[: text.index(original)].count("\n")
+        indent = old_lines[0][: len(old_lines[0]) - len(old_lines[0].lstrip())]
+        body = textwrap.indent(textwrap.dedent(new_source).rstrip("\n") + "\n", indent)
+        decorators = [line for line in old_lines if line.lstrip().startswith("@")]
+        if decorators and not body.lstrip().startswith("@"):
+            body = "".join(decorators) + body  # keep the decorators the live patch lacks
+        new_text = "".join(lines[:start]) + body + "".join(lines[start + len(old_lines) :])
+        return self._apply(path, text, new_text)
+
+    def persist_file_edit(self, path: str, old: str, new: str) -> str:
+        """Replace the one occurrence of ``old`` in the file at ``path`` with ``new``."""
+        if not self.allowed:
+            raise PermissionError(REFUSED)
+        text = _read(path)
+        count = text.count(old)
+        if count != 1:
+            raise ValueError(f"`old` must occur exactly once in {path}; it occurs {count} times")
+        return self._apply(path, text, text.replace(old, new, 1))
+
+    def _apply(self, path: str, before: str, after: str) -> str:
+        if path.endswith(".py"):
+            ast.parse(after, path)  # a fix that does not parse is never written
+        name = os.path.basename(path)
+        diff = "".join(
+            difflib.unified_diff(
+                before.splitlines(keepends=True), after.splitlines(keepends=True),
+                f"a/{name}", f"b/{name}",
+            )
+        )  # fmt: skip
+        if not diff:
+            return "no change: the file already has this source"
+        if self.style == "patch":
+            target = f"{path}.{self.recovery_id}.patch"
+            _write(target, diff)
+            change = SourceChange(path=path, kind="proposed", diff=self.redact(diff), file=target)
+        else:
+            backup = f"{path}.{self.recovery_id}.bak"
+            _write(backup, before)
+            _write(path, after)
+            change = SourceChange(path=path, kind="written", diff=self.redact(diff), file=backup)
+        self.changes.append(change)
+        _log.emit("warning", _log.SOURCE_CHANGED, path=path, kind=change.kind,
+                  diff=clip(change.diff, 4_000), file=change.file, **self.fields())  # fmt: skip
+        if change.kind == "proposed":
+            return f"proposed: the patch for {path} was written to {change.file} for review"
+        return f"written: {path} updated (backup {change.file})"
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _write(path: str, text: str) -> None:
+    # Write then rename, so a crash never leaves a half-written source file behind.
+    temporary = f"{path}.crashoverride-tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(temporary, path)
