@@ -38,6 +38,8 @@ class Block:
         fields: Extra structlog fields (e.g. request method and path).
         caller: A mapping to expose as ``caller`` instead of the frame's locals.
         returns: The block produces a value: bind ``set_result`` and ``rerun`` for the agent.
+        secrets: Values to mask in everything the recovery sends or records (e.g. the values
+            of an HTTP request's secret headers).
     """
 
     __slots__ = (
@@ -51,6 +53,7 @@ class Block:
         "kind",
         "replay",
         "returns",
+        "secrets",
     )  # fmt: skip
 
     def __init__(
@@ -66,6 +69,7 @@ class Block:
         fields: Mapping[str, Any] | None = None,
         caller: Mapping[str, Any] | None = None,
         returns: bool = False,
+        secrets: tuple[str, ...] = (),
     ) -> None:
         self.kind = kind
         self.frame = frame
@@ -77,6 +81,7 @@ class Block:
         self.fields = dict(fields or {})
         self.caller = caller
         self.returns = returns
+        self.secrets = secrets
 
 
 class Decision:
@@ -120,7 +125,8 @@ class Recovery:
         self.waited = 0.0
         self.state = RunState()
         policy = settings.redaction
-        self.redact = Redactor(_secret_values(block, Redactor((), policy).is_secret), policy)
+        found = _secret_values(block, Redactor((), policy).is_secret)
+        self.redact = Redactor([*found, *block.secrets], policy)
         self.exc_type = f"{type(exc).__module__}.{type(exc).__qualname__}"
         self.exception_text = self.redact(describe_exception(exc))
         self.traceback_text = self.redact(format_traceback(exc))
@@ -148,7 +154,8 @@ class Recovery:
     def on_tool(self, record: ToolCallRecord) -> None:
         _log.emit(
             "info", _log.TOOL_CALLED, tool=record.tool, code=clip(record.code, 1_000),
-            ok=record.ok, duration_ms=record.duration_ms, **self.fields(),
+            ok=record.ok, approved_by=record.approved_by, duration_ms=record.duration_ms,
+            **self.fields(),
         )  # fmt: skip
 
     # -- phases ----------------------------------------------------------------------------
