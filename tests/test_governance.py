@@ -71,6 +71,7 @@ def test_approve_denies_and_the_model_is_told() -> None:
     assert value == 7
     assert seen == ["open('/etc/hostname').read()", "caller['value'] = 7"]
     denied, allowed = tool_outputs(model)
+    assert allowed == "OK (no output, no value)"
     assert denied.startswith("Not run: denied by test_approve_denies_and_the_model_is_told.")
     assert "no file access" in denied
     report = handler.report
@@ -146,7 +147,7 @@ def test_planted_secrets_never_reach_the_model_events_or_report(
             raise RuntimeError(f"auth failed for {password} / {note} / env-secret-4242-abcd")
         bodies = json.dumps([r.body for r in server.requests])
         headers = json.dumps([r.headers for r in server.requests])
-    assert ok is True
+    assert ok is True and pin == "987654"  # `pin` is read by the agent's code above
     report = handler.report
     everything = bodies + json.dumps(logs, default=str) + repr(report)
     for secret in ("env-secret-4242-abcd", "hunter2-password", "987654", "acct-123456",
