@@ -192,13 +192,14 @@ def measure(
 ) -> dict[str, float]:
     """Median requests per second of each server.
 
-    ``concurrent`` (default) loads both servers at the same time, both pinned to one CPU: the
-    scheduler shares it fairly between them, so the ratio is the ratio of per-request CPU cost,
-    and load from anything else on the machine hits both alike. ``alternating`` loads one at a
-    time, swapping the order every repetition (absolute figures are higher, but noisy on a busy
-    machine).
+    Servers are pinned to one CPU and the load generator to the others (client and server
+    migrating between CPUs made single runs swing by +-20%). ``concurrent`` (default) loads
+    both servers at the same time: the scheduler shares their CPU fairly, so the ratio is the
+    ratio of per-request CPU cost, and load from anything else on the machine hits both alike.
+    ``alternating`` loads one at a time, swapping the order every repetition: absolute figures
+    are those of a server alone.
     """
-    cpu = _server_cpu() if mode == "concurrent" else None
+    cpu = _server_cpu()
     servers = {"plain": _Server("plain", cpu), "protected": _Server("protected", cpu)}
     try:
         for server in servers.values():
