@@ -200,8 +200,7 @@ class CrashOverride:
 
     async def awarm_up(self) -> None:
         """``warm_up`` for async apps (e.g. at lifespan startup): imports in a worker thread."""
-        import anyio.to_thread
-
         from ._agent import import_sdk
+        from ._bridge import in_daemon_thread
 
-        await anyio.to_thread.run_sync(import_sdk)
+        await in_daemon_thread(import_sdk)

@@ -33,8 +33,12 @@ Job = Callable[[], Any]
 Dispatch = Callable[[Job], Awaitable[Any]]
 Session = Callable[[Dispatch], Coroutine[Any, Any, T]]
 
-# How long past the recovery deadline an owner waits for a stuck agent thread before leaving it.
-GRACE = 1.0
+# How long past the recovery deadline an owner waits for a stuck agent before leaving it. Keeps
+# the promise "the original exception is back within ``timeout`` + 1 s" with room to spare.
+GRACE = 0.5
+# How long an owner that stops waiting (deadline, interrupt) lets a cancelled agent thread wind
+# down before leaving it behind (it is a daemon thread and ends when its blocking call returns).
+_JOIN = 0.1
 
 
 def loop_running_here() -> bool:
@@ -102,6 +106,27 @@ async def wait_future(future: concurrent.futures.Future[Any]) -> None:
     await event.wait()
 
 
+async def in_daemon_thread(fn: Callable[[], T]) -> T:
+    """Run blocking ``fn`` in a fresh daemon thread and wait for it, on any anyio backend.
+
+    Used instead of ``anyio.to_thread`` for one-off work such as importing the SDK: anyio's
+    pooled worker threads are not daemons and are tied to a root task, and a loop that closes
+    without finishing that task (test runners, servers in threads) leaves them blocking exit.
+    Cancelling the wait abandons ``fn``, which finishes on its own.
+    """
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def work() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # forwarded to the waiting task, which re-raises it
+            future.set_exception(exc)
+
+    threading.Thread(target=work, name="crashoverride-worker", daemon=True).start()
+    await wait_future(future)
+    return future.result()
+
+
 # ------------------------------------------------------------------------------ agent thread
 
 
@@ -157,8 +182,21 @@ def run_sync(session: Session[T], deadline: float) -> T:
     """Run ``session`` from synchronous code; returns its result or raises what it raised."""
     if not loop_running_here():
         with asyncio.Runner() as runner:
+            # The SDK runs sync tools in the loop's default executor; closing the loop must
+            # not wait for one that blocks past the deadline (asyncio.Runner would, forever).
+            runner.get_loop().set_default_executor(_DetachedExecutor())
             return runner.run(session(_run_job))
     return _run_blocking_owner(session, deadline)
+
+
+class _DetachedExecutor(concurrent.futures.ThreadPoolExecutor):
+    """A temporary loop's executor: shutting it down never waits for a running call."""
+
+    def __init__(self) -> None:
+        super().__init__(thread_name_prefix="crashoverride-tool")
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        super().shutdown(wait=False, cancel_futures=True)
 
 
 def _run_blocking_owner(session: Session[T], deadline: float) -> T:
@@ -194,25 +232,30 @@ def _run_blocking_owner(session: Session[T], deadline: float) -> T:
     finally:
         if not worker.done.done():
             worker.cancel()
-            worker.join(GRACE)
+            worker.join(_JOIN)
     return worker.done.result()  # type: ignore[no-any-return]
 
 
 async def run_async(session: Session[T], deadline: float) -> T:
     """Run ``session`` from async code on any anyio backend."""
     if on_asyncio():
-        return await _run_shielded(session)
+        return await _run_shielded(session, deadline)
     return await _run_hopping(session, deadline)
 
 
-async def _run_shielded(session: Session[T]) -> T:
+async def _run_shielded(session: Session[T], deadline: float) -> T:
     # The SDK handles cancellation of its tool tasks itself and may re-raise a fresh
     # CancelledError, which would confuse the caller's cancel scopes (anyio's, TaskGroup's).
     # So the agent gets its own task: when the caller is cancelled, the agent task is
     # cancelled too and the caller's own CancelledError propagates unchanged.
     task = asyncio.get_running_loop().create_task(session(_run_job))
     try:
-        return await asyncio.shield(task)
+        # Bounded: after cancelling a tool that runs in a worker thread (a blocking sync
+        # tool), the SDK waits for that thread; the owner does not wait with it.
+        await asyncio.wait([task], timeout=max(0.0, deadline + GRACE - time.monotonic()))
+        if not task.done():
+            raise TimeoutError("the recovery did not finish within its timeout")
+        return task.result()
     finally:
         if not task.done():
             task.cancel()

@@ -153,7 +153,7 @@ async def _run_async(rec: Recovery) -> Decision:
     rec.slot = slot
     if _bridge.on_asyncio():
         # ``import agents`` takes seconds: never on the application's event loop.
-        await anyio.to_thread.run_sync(import_sdk)
+        await _bridge.in_daemon_thread(import_sdk)
     job = rec.prepare()
     rec.started(_bridge.placement_async())
     run: AgentRun | None = None

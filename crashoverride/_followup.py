@@ -312,8 +312,6 @@ def _ms(began: float) -> float:
 
 async def execute(job: FollowupJob, settings: Settings) -> FollowupResult:
     """The follow-up agent run itself, on any anyio backend."""
-    import anyio.to_thread
-
     from . import _bridge
     from ._agent import AgentJob, AgentRun, import_sdk, run_agent
     from ._prompt import build_instructions
@@ -327,7 +325,7 @@ async def execute(job: FollowupJob, settings: Settings) -> FollowupResult:
     )
     if _bridge.on_asyncio():
         # ``import agents`` takes seconds: keep it off the loop the application runs on.
-        await anyio.to_thread.run_sync(import_sdk)
+        await _bridge.in_daemon_thread(import_sdk)
     state = RunState()
     redact = Redactor()
     workspace = Workspace(

@@ -124,10 +124,10 @@ class MockServer:
         return self.start()
 
     async def __aexit__(self, *_: object) -> None:
-        import anyio.to_thread
+        from .._bridge import in_daemon_thread
 
         # shutdown() waits for the serve loop's next poll: keep that off the event loop.
-        await anyio.to_thread.run_sync(self.close)
+        await in_daemon_thread(self.close)
 
     # -- what tests use --------------------------------------------------------------------
 
