@@ -73,7 +73,14 @@ class SourceEditor:
         if decorators and not body.lstrip().startswith("@"):
             body = "".join(decorators) + body  # keep the decorators the live patch lacks
         new_text = "".join(lines[:start]) + body + "".join(lines[start + len(old_lines) :])
-        return self._apply(path, text, new_text)
+        new_text, unresolved = _with_needed_imports(new_text, getattr(func, "__func__", func))
+        outcome = self._apply(path, text, new_text)
+        if unresolved:
+            outcome += (
+                f"; warning: it uses {', '.join(sorted(unresolved))}, which the file does not "
+                "define: the next run will fail unless you add them (persist_file_edit)"
+            )
+        return outcome
 
     def persist_file_edit(self, path: str, old: str, new: str) -> str:
         """Replace the one occurrence of ``old`` in the file at ``path`` with ``new``."""
@@ -112,6 +119,57 @@ class SourceEditor:
         if change.kind == "proposed":
             return f"proposed: the patch for {path} was written to {change.file} for review"
         return f"written: {path} updated (backup {change.file})"
+
+
+def _global_names(code: Any) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _global_names(const)
+    return names
+
+
+def _with_needed_imports(text: str, func: Any) -> tuple[str, set[str]]:
+    """Add imports for modules the live function uses but the file never imports.
+
+    A repair made at runtime may rely on a module the agent imported into the live module (the
+    file never had that import); persisted as is, the next run would fail with a NameError.
+    Returns the new text and the names still unresolved (non-module globals).
+    """
+    import builtins
+    import types
+
+    tree = ast.parse(text)
+    defined: set[str] = set()
+    last_import = 0
+    for node in tree.body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            last_import = node.end_lineno or node.lineno
+            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    live = getattr(func, "__globals__", {})
+    missing = {
+        name
+        for name in _global_names(func.__code__)
+        if name in live and name not in defined and not hasattr(builtins, name)
+    }
+    modules = {n: live[n] for n in missing if isinstance(live[n], types.ModuleType)}
+    if not modules:
+        return text, missing
+    statements = "".join(
+        f"import {module.__name__}\n" if module.__name__ == name
+        else f"import {module.__name__} as {name}\n"
+        for name, module in sorted(modules.items())
+    )  # fmt: skip
+    if last_import == 0 and tree.body and isinstance(tree.body[0], ast.Expr):
+        last_import = tree.body[0].end_lineno or 0  # after the module docstring
+    lines = text.splitlines(keepends=True)
+    added = "".join(lines[:last_import]) + statements + "".join(lines[last_import:])
+    return added, missing - set(modules)
 
 
 def _read(path: str) -> str:

@@ -35,9 +35,11 @@ NO_RESPONSE = (
 class RequestInfo:
     """The failed request as the agent sees it. Secret-looking headers are masked."""
 
-    __slots__ = ("_exchange", "client", "headers", "method", "path", "query", "scheme")
+    __slots__ = (
+        "_exchange", "client", "headers", "method", "path", "query", "scheme", "secret_values",
+    )  # fmt: skip
 
-    def __init__(self, exchange: Exchange) -> None:
+    def __init__(self, exchange: Exchange, is_secret: Callable[[str], bool] = is_secret_name):
         scope = exchange.scope
         self._exchange = exchange
         self.method: str = scope.get("method", "GET")
@@ -46,13 +48,14 @@ class RequestInfo:
         self.scheme: str = scope.get("scheme", "http")
         client = scope.get("client")
         self.client = f"{client[0]}:{client[1]}" if client else None
-        self.headers = [
-            (name, MASK if is_secret_name(name) else value)
-            for name, value in (
-                (bytes(k).decode("latin-1"), bytes(v).decode("latin-1"))
-                for k, v in scope.get("headers", ())
-            )
+        raw = [
+            (bytes(k).decode("latin-1"), bytes(v).decode("latin-1"))
+            for k, v in scope.get("headers", ())
         ]
+        # Masked here, and handed to the recovery's redactor so the values are masked wherever
+        # else they show up (an echoing replay, an exception message, a log line).
+        self.secret_values = tuple(value for name, value in raw if is_secret(name))
+        self.headers = [(name, MASK if is_secret(name) else value) for name, value in raw]
 
     @property
     def body(self) -> bytes | None:
@@ -94,12 +97,13 @@ class RequestRecovery:
         exchange: Exchange,
         runner: BackgroundRunner | None,
         request_id_header: bytes | None,
+        is_secret: Callable[[str], bool] = is_secret_name,
     ) -> None:
         self.app = app
         self.exchange = exchange
         self.runner = runner
         self.response: CapturedResponse | None = None
-        self.info = RequestInfo(exchange)
+        self.info = RequestInfo(exchange, is_secret)
         self.fields = request_fields(exchange, request_id_header)
         settle_body(exchange)
         self.block = self._block(exc)
@@ -171,6 +175,7 @@ class RequestRecovery:
             check=self.check,
             replay=self.replay_for_waiter,
             fields=self.fields,
+            secrets=self.info.secret_values,
         )
 
     def brief(self) -> str:

@@ -209,6 +209,7 @@ class CrashOverrideMiddleware:
     async def _recover(self, exc: Exception, exchange: Exchange) -> CapturedResponse | None:
         from crashoverride import _log
         from crashoverride._flow import recover_async
+        from crashoverride._redact import Redactor
 
         from ._asgi_block import RequestRecovery
 
@@ -218,6 +219,7 @@ class CrashOverrideMiddleware:
             exchange=exchange,
             runner=self._runner,
             request_id_header=self._request_id,
+            is_secret=Redactor((), self.settings.redaction).is_secret,
         )
         decision = None
         with anyio.move_on_after(self.settings.timeout + _BUDGET_SLACK) as budget:

@@ -1,0 +1,59 @@
+"""Secret request headers never reach the model, the events or the report (real uvicorn)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+from crashoverride.integrations.asgi import CrashOverrideMiddleware
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from structlog.testing import capture_logs
+
+from crashoverride import CrashOverride, Redaction
+from crashoverride.testing import MockServer, done, eval_python, exec_python
+from tests.integrations.asgi_support import serve
+
+TOKEN = "Bearer header-secret-123456"
+TENANT = "tenant-key-abcdef"
+
+
+async def whoami(request: Request) -> JSONResponse:
+    token = request.headers["authorization"]
+    raise PermissionError(f"token {token} rejected for {request.headers['x-tenant-pin']}")
+
+
+def test_secret_headers_are_masked_everywhere() -> None:
+    reports: list[Any] = []
+    steps = [
+        eval_python("request.headers"),
+        eval_python("str(error)"),
+        exec_python("respond(200, {'ok': True})"),
+        done(),
+    ]
+    with MockServer(steps) as model_server:
+        co = CrashOverride(
+            model="m",
+            base_url=model_server.base_url,
+            api_key="k",
+            on_recovery=reports.append,
+            redaction=Redaction(names=[r"^x-tenant-pin$"]),
+        )
+        app = Starlette(routes=[Route("/whoami", whoami)])
+        app.add_middleware(CrashOverrideMiddleware, crash_override=co)
+        with capture_logs() as logs, serve(app) as served:
+            response = httpx.get(
+                f"{served.url}/whoami",
+                headers={"Authorization": TOKEN, "X-Tenant-Pin": TENANT},
+                timeout=60,
+            )
+        model_traffic = json.dumps([r.body for r in model_server.requests])
+    assert response.status_code == 200 and response.json() == {"ok": True}
+    everything = model_traffic + json.dumps(logs, default=str) + repr(reports)
+    assert "header-secret-123456" not in everything
+    assert TENANT not in everything
+    assert "[REDACTED]" in model_traffic
+    assert "authorization" in model_traffic.lower()  # the header is listed, its value is not
