@@ -1,9 +1,8 @@
-"""A real uvicorn server on 127.0.0.1 in a thread, and scripted-agent step builders."""
+"""A real uvicorn server on 127.0.0.1 in a thread, and the scripted-agent step builders."""
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import socket
 import threading
 import time
@@ -11,39 +10,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
-from agents.testing import ScriptedModel, assistant_message, function_call
+from agents.testing import ScriptedModel
 
-_ids = itertools.count(1)
+from tests.helpers import done_step, exec_step, give_up_step, scripted, tool_outputs
 
-
-def exec_step(statements: str) -> list[Any]:
-    return [function_call("exec_python", {"statements": statements}, call_id=f"asgi{next(_ids)}")]
-
-
-def give_up_step(reason: str) -> list[Any]:
-    return [function_call("give_up", {"reason": reason}, call_id=f"asgi{next(_ids)}")]
-
-
-def done_step(text: str = "done") -> list[Any]:
-    return [assistant_message(text)]
-
-
-def scripted(*steps: list[Any]) -> ScriptedModel:
-    """One list of output items per model turn; turns are consumed across agent runs."""
-    return ScriptedModel(list(steps))
-
-
-def tool_outputs(model: ScriptedModel) -> list[str]:
-    """The tool results the model was sent, in order."""
-    outputs: list[str] = []
-    seen: set[str] = set()
-    for call in model.calls:
-        for item in call.input if isinstance(call.input, list) else []:
-            is_output = isinstance(item, dict) and item.get("type") == "function_call_output"
-            if is_output and item["call_id"] not in seen:
-                seen.add(item["call_id"])
-                outputs.append(str(item["output"]))
-    return outputs
+# The step builders are the suite's shared ones (re-exported for the ASGI tests).
+__all__ = ["done_step", "exec_step", "first_input", "give_up_step", "scripted", "serve",
+           "tool_outputs"]  # fmt: skip
 
 
 def first_input(model: ScriptedModel) -> str:
