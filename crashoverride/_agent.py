@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -67,8 +68,26 @@ class AgentJob:
 
 
 def import_sdk() -> None:
-    """Import the SDK (2-3 s the first time). Async callers run this in a worker thread."""
+    """Import the SDK (2-3 s the first time). Async callers use ``import_sdk_async``."""
     import agents  # noqa: F401
+
+
+def _sdk_ready() -> bool:
+    module = sys.modules.get("agents")
+    # ``_initializing`` is set by importlib while another thread is still importing it.
+    return module is not None and not getattr(module.__spec__, "_initializing", False)
+
+
+async def import_sdk_async() -> None:
+    """Import the SDK off the event loop, once; later calls cost nothing.
+
+    Skipping the thread when the SDK is loaded also matters at interpreter shutdown, when
+    Python refuses to start new threads (a follow-up finishing during exit).
+    """
+    if not _sdk_ready():
+        from ._bridge import in_daemon_thread
+
+        await in_daemon_thread(import_sdk)
 
 
 def _build_model(settings: Settings, owned: list[Any]) -> Any:

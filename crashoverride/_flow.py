@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 
 from . import _bridge, _log
-from ._agent import AgentRun, import_sdk, run_agent
+from ._agent import AgentRun, import_sdk_async, run_agent
 from ._limits import Limits
 from ._recovery import Block, Decision, Recovery, internal_failure
 from ._settings import Settings
@@ -153,7 +153,7 @@ async def _run_async(rec: Recovery) -> Decision:
     rec.slot = slot
     if _bridge.on_asyncio():
         # ``import agents`` takes seconds: never on the application's event loop.
-        await _bridge.in_daemon_thread(import_sdk)
+        await import_sdk_async()
     job = rec.prepare()
     rec.started(_bridge.placement_async())
     run: AgentRun | None = None

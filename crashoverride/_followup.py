@@ -313,7 +313,7 @@ def _ms(began: float) -> float:
 async def execute(job: FollowupJob, settings: Settings) -> FollowupResult:
     """The follow-up agent run itself, on any anyio backend."""
     from . import _bridge
-    from ._agent import AgentJob, AgentRun, import_sdk, run_agent
+    from ._agent import AgentJob, AgentRun, import_sdk_async, run_agent
     from ._prompt import build_instructions
     from ._redact import Redactor
     from ._state import RunState
@@ -325,7 +325,7 @@ async def execute(job: FollowupJob, settings: Settings) -> FollowupResult:
     )
     if _bridge.on_asyncio():
         # ``import agents`` takes seconds: keep it off the loop the application runs on.
-        await _bridge.in_daemon_thread(import_sdk)
+        await import_sdk_async()
     state = RunState()
     redact = Redactor()
     workspace = Workspace(
