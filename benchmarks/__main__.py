@@ -20,6 +20,7 @@ MODULES = [
     "benchmarks.bench_burst",
     "benchmarks.bench_asgi",
     "benchmarks.bench_original",
+    "benchmarks.bench_faults",
 ]
 
 

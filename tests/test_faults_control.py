@@ -1,0 +1,301 @@
+"""Fault suite, control flow: cancellation, interrupts, exits, stuck agents, our own bugs.
+
+Decisions under test:
+- Cancelling the task that owns a recovery cancels the recovery: the caller's cancellation
+  propagates at once and no agent task or thread is left running.
+- KeyboardInterrupt during a recovery propagates, whoever raises it (Ctrl-C, an application
+  tool, agent code): an interrupt means "stop now", and code cannot tell a real one apart.
+- Agent code calling ``sys.exit()`` ends the recovery as failed; the process goes on.
+- Agent code or tools stuck in an await, or in a blocking call off the owner's thread, are
+  contained by the recovery's timeout (the owner stops waiting at the deadline).
+- A bug inside crashoverride never replaces the user's exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import anyio
+import pytest
+from agents.testing import ModelStep, function_call
+
+from crashoverride import CrashOverride
+from crashoverride.testing import MockServer, done, exec_python, hang
+from tests.helpers import done_step, exec_step, give_up_step, scripted
+
+
+def fail() -> None:
+    raise KeyError("article_text")
+
+
+async def _hang(_: Any) -> Any:
+    await asyncio.sleep(3600)
+
+
+def agent_threads() -> list[threading.Thread]:
+    return [
+        t
+        for t in threading.enumerate()
+        if t.name.startswith(("crashoverride-agent", "crashoverride-tool"))
+    ]
+
+
+def wait_for_no_agent_threads(seconds: float = 2.0) -> None:
+    deadline = time.monotonic() + seconds
+    while agent_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not agent_threads()
+
+
+def running_tasks() -> set[asyncio.Task[Any]]:
+    try:
+        return {t for t in asyncio.all_tasks() if not t.done()}
+    except RuntimeError:  # trio: the agent loop lives in a thread, checked above
+        return set()
+
+
+async def no_agent_left(before: set[asyncio.Task[Any]]) -> None:
+    with anyio.fail_after(2):
+        # Polled: threads and tasks end on their own; nothing here could signal an Event.
+        while agent_threads():  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+        # Cancelled tasks need a few loop iterations to finish.
+        while running_tasks() - before:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
+# -- cancellation ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stuck", ["model thinking", "model endpoint hanging", "agent code"])
+async def test_cancelling_the_owner_mid_recovery_propagates_and_leaves_nothing(
+    anyio_backend: str, stuck: str
+) -> None:
+    good = [exec_python("caller['article'] = 'ok'"), done()]
+    async with MockServer([hang(), *good] if stuck == "model endpoint hanging" else []) as srv:
+        if stuck == "model thinking":
+            model = scripted()
+            model.enqueue(ModelStep.respond(_hang))
+            model.enqueue(exec_step("caller['article'] = 'ok'"))
+            model.enqueue(done_step())
+            co = CrashOverride(model=model, timeout=30)
+        elif stuck == "agent code":
+            model = scripted(
+                exec_step("import anyio\nawait anyio.sleep(3600)"),
+                exec_step("caller['article'] = 'ok'"),
+                done_step(),
+            )
+            co = CrashOverride(model=model, timeout=30)
+        else:
+            co = srv.crash_override(timeout=30)
+        before = running_tasks()
+        began = time.monotonic()
+        with anyio.move_on_after(0.3) as scope:
+            async with co.handler():
+                fail()
+        assert scope.cancelled_caught
+        assert time.monotonic() - began < 0.3 + 0.5
+        await no_agent_left(before)
+        # The slot and the single-flight entry were handed on: the same failure recovers.
+        article = None
+        async with co.handler():
+            fail()
+        assert article == "ok"
+
+
+# -- KeyboardInterrupt -------------------------------------------------------------------------
+
+
+def test_ctrl_c_during_a_sync_recovery_propagates_at_once() -> None:
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    model = scripted()
+    model.enqueue(ModelStep.respond(_hang))
+    co = CrashOverride(model=model, timeout=30)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt) as info:
+        timer.start()
+        with co.handler():
+            fail()
+    timer.join()
+    assert time.monotonic() - began < 1.0
+    chain, link = [], info.value.__context__
+    while link is not None:
+        chain.append(link)
+        link = link.__context__
+    assert any(isinstance(e, KeyError) for e in chain)  # the user's failure stays visible
+    wait_for_no_agent_threads()
+
+
+def ask_operator() -> str:
+    """Ask the on-call operator for the missing value (interactive)."""
+    raise KeyboardInterrupt  # the operator pressed Ctrl-C at the prompt
+
+
+# On the application's asyncio loop the interrupt propagates too, but the interpreter then
+# hangs at exit on an idle AnyIO worker thread (the one that imported the SDK): a known open
+# problem, so that placement is not run in this process (see the fault table).
+@pytest.mark.parametrize("source", ["application tool", "agent code"])
+@pytest.mark.parametrize("placement", ["temporary-loop", "trio", "blocked-owner"])
+def test_keyboard_interrupt_inside_a_recovery_propagates(source: str, placement: str) -> None:
+    if source == "application tool":
+        step = [function_call("ask_operator", "{}", call_id="op1")]
+    else:
+        step = exec_step("raise KeyboardInterrupt")
+    model = scripted(step, done_step())
+    co = CrashOverride(model=model, tools=[ask_operator], timeout=10)
+
+    def sync_block() -> None:
+        with co.handler():
+            fail()
+
+    async def async_block() -> None:
+        if placement == "blocked-owner":
+            sync_block()  # sync code called from async code
+            return
+        async with co.handler():
+            fail()
+
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        if placement == "temporary-loop":
+            sync_block()
+        else:
+            anyio.run(async_block, backend="trio" if placement == "trio" else "asyncio")
+    assert time.monotonic() - began < 2.0
+    assert model.remaining_steps == 1  # nothing ran after the interrupt
+    wait_for_no_agent_threads()
+
+
+# -- sys.exit, stuck agents ----------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("code", ["import sys; sys.exit(3)", "await anyio.sleep(0); sys.exit(3)"])
+async def test_agent_sys_exit_ends_the_recovery_as_failed(anyio_backend: str, code: str) -> None:
+    model = scripted(exec_step("import anyio, sys\n" + code.replace("import sys; ", "")))
+    model.enqueue(done_step())
+    co = CrashOverride(model=model)
+    with pytest.raises(KeyError) as info:
+        async with co.handler():
+            fail()
+    assert any("failed" in n and "sys.exit(3)" in n for n in info.value.__notes__)
+    assert model.remaining_steps == 1  # the run stopped at the exit; the process did not
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import anyio\nawait anyio.Event().wait()",  # waits for something that never comes
+        "import anyio\nwhile True:\n    await anyio.sleep(0.01)",  # runs forever, politely
+    ],
+)
+async def test_agent_code_stuck_in_an_await_is_contained_by_the_timeout(
+    anyio_backend: str, code: str
+) -> None:
+    co = CrashOverride(model=scripted(exec_step(code), done_step()), timeout=0.5)
+    before = running_tasks()
+    began = time.monotonic()
+    with pytest.raises(KeyError) as info:
+        async with co.handler():
+            fail()
+    assert time.monotonic() - began <= 0.5 + 1.0
+    assert any("timed out after 0.5s" in n for n in info.value.__notes__)
+    await no_agent_left(before)
+
+
+def test_sync_agent_code_stuck_in_an_await_is_contained_by_the_timeout() -> None:
+    co = CrashOverride(model=scripted(exec_step("await asyncio.Event().wait()")), timeout=0.5)
+    began = time.monotonic()
+    with pytest.raises(KeyError) as info, co.handler():
+        fail()
+    assert time.monotonic() - began <= 0.5 + 1.0
+    assert any("timed out after 0.5s" in n for n in info.value.__notes__)
+
+
+RELEASE = threading.Event()
+
+
+def lookup_inventory() -> str:
+    """Look up the inventory (a sync tool stuck on a lock nobody releases)."""
+    RELEASE.wait(10)
+    return "released"
+
+
+@pytest.mark.parametrize("placement", ["temporary-loop", "asyncio", "trio", "blocked-owner"])
+def test_a_deadlocked_sync_tool_is_left_behind_at_the_deadline(placement: str) -> None:
+    RELEASE.clear()
+    step = [function_call("lookup_inventory", "{}", call_id="inv1")]
+    co = CrashOverride(model=scripted(step, done_step()), tools=[lookup_inventory], timeout=0.5)
+    took: list[float] = []
+
+    def sync_block() -> None:
+        began = time.monotonic()
+        try:
+            with co.handler():
+                fail()
+        finally:
+            took.append(time.monotonic() - began)
+
+    async def async_block() -> None:
+        if placement == "blocked-owner":
+            sync_block()
+            return
+        began = time.monotonic()
+        try:
+            async with co.handler():
+                fail()
+        finally:
+            took.append(time.monotonic() - began)
+
+    try:
+        with pytest.raises(KeyError) as info:
+            if placement == "temporary-loop":
+                sync_block()
+            else:
+                anyio.run(async_block, backend="trio" if placement == "trio" else "asyncio")
+        assert took[0] <= 0.5 + 1.0
+        assert any("timed out after 0.5s" in n for n in info.value.__notes__)
+    finally:
+        RELEASE.set()  # let the abandoned tool thread end
+    wait_for_no_agent_threads()
+
+
+# -- bugs inside crashoverride -------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("where", ["report building", "event logging", "context binding"])
+async def test_an_internal_bug_never_replaces_the_users_exception(
+    anyio_backend: str, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crashoverride import _log, _recovery
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError(f"bug in {where}")
+
+    if where == "report building":
+        monkeypatch.setattr(_recovery.Recovery, "_report", broken)
+    elif where == "event logging":
+        import structlog
+
+        monkeypatch.setattr(structlog, "get_logger", broken)
+    else:
+        monkeypatch.setattr(_log, "bound", broken)
+    co = CrashOverride(model=scripted(give_up_step("no")))
+    original = KeyError("mine")
+    with pytest.raises(KeyError) as info:
+        async with co.handler():
+            raise original
+    assert info.value is original
+    if where == "event logging":  # contained where it happens: the recovery still concludes
+        assert any("gave up" in n for n in info.value.__notes__)
+    else:
+        assert any("internal error" in n and f"bug in {where}" in n for n in info.value.__notes__)
