@@ -121,6 +121,8 @@ def _control_rows() -> list[Row]:
             _scripted([tool, done], tools=[lookup_inventory], timeout=0.5), "trio")),
         ("agent code raises KeyboardInterrupt (with)", None,
          _with_block(_scripted([_exec("raise KeyboardInterrupt"), done]))),
+        ("agent code raises KeyboardInterrupt (async with, asyncio)", None, _async_block(
+            _scripted([_exec("raise KeyboardInterrupt"), done]), "asyncio")),
     ]  # fmt: skip
     rows = []
     for name, timeout, block in cases:
@@ -135,10 +137,6 @@ def _control_rows() -> list[Row]:
                     note="not contained: agent code runs on the owner thread and nothing "
                          "preempts it there (an async-exception watchdog was studied, not "
                          "adopted); not run"))  # fmt: skip
-    rows.append(row("fault: KeyboardInterrupt during an `async with` recovery on asyncio",
-                    float("nan"), "s",
-                    note="propagates, but the interpreter then hangs at exit on an idle AnyIO "
-                         "worker thread (open problem); not run here"))  # fmt: skip
     return rows
 
 

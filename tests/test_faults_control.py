@@ -138,11 +138,8 @@ def ask_operator() -> str:
     raise KeyboardInterrupt  # the operator pressed Ctrl-C at the prompt
 
 
-# On the application's asyncio loop the interrupt propagates too, but the interpreter then
-# hangs at exit on an idle AnyIO worker thread (the one that imported the SDK): a known open
-# problem, so that placement is not run in this process (see the fault table).
 @pytest.mark.parametrize("source", ["application tool", "agent code"])
-@pytest.mark.parametrize("placement", ["temporary-loop", "trio", "blocked-owner"])
+@pytest.mark.parametrize("placement", ["temporary-loop", "asyncio", "trio", "blocked-owner"])
 def test_keyboard_interrupt_inside_a_recovery_propagates(source: str, placement: str) -> None:
     if source == "application tool":
         step = [function_call("ask_operator", "{}", call_id="op1")]
