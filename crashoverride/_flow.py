@@ -13,8 +13,9 @@ import anyio
 
 from . import _bridge, _log
 from ._agent import AgentRun, import_sdk_async, run_agent
+from ._block import Block
 from ._limits import Limits
-from ._recovery import Block, Decision, Recovery, internal_failure
+from ._recovery import Decision, Recovery, internal_failure
 from ._settings import Settings
 
 _LEADER_LOST = "the concurrent recovery of this failure did not recover it"

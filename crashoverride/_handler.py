@@ -18,7 +18,8 @@ from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
     from ._app import CrashOverride
-    from ._recovery import Block, Decision
+    from ._block import Block
+    from ._recovery import Decision
     from ._report import RecoveryReport
     from ._settings import Settings
     from ._state import RunState
@@ -120,9 +121,9 @@ class Handler:
         return self._apply(decision, exc)
 
     def _block(self, settings: Settings, tb: TracebackType | None) -> Block:
+        from ._block import Block
         from ._frames import CallerLocals
         from ._prompt import WITH_BLOCK_BRIEF
-        from ._recovery import Block
 
         # The first traceback entry is the frame that holds the ``with`` statement.
         frame = tb.tb_frame if tb is not None else None
@@ -206,8 +207,8 @@ class Handler:
         kwargs: dict[str, Any],
         exc: BaseException,
     ) -> Block:
+        from ._block import Block
         from ._prompt import CALL_BRIEF
-        from ._recovery import Block
 
         frame = _function_frame(exc, func)
         name = getattr(func, "__qualname__", repr(func))

@@ -147,7 +147,7 @@ class ThreadRunner:
 
         try:
             asyncio.run(main())
-        except BaseException as problem:  # the thread is ours: nothing above it to tell
+        except Exception as problem:  # the thread is ours: nothing above it to tell
             _log.emit("error", FAILED, followup_id=name, reason=f"runner error: {problem!r}")
         finally:
             with self._lock:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import FrameType, MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from crashoverride._recovery import Block
+from crashoverride._block import Block
 from crashoverride._redact import MASK, is_secret_name
 from crashoverride._text import clip
 

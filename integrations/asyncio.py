@@ -36,7 +36,8 @@ from crashoverride.followups import TaskGroupRunner
 
 if TYPE_CHECKING:
     from crashoverride import CrashOverride, Handler
-    from crashoverride._recovery import Block, Decision
+    from crashoverride._block import Block
+    from crashoverride._recovery import Decision
     from crashoverride._report import RecoveryReport
     from crashoverride._settings import Settings
     from crashoverride._state import RunState
@@ -183,7 +184,7 @@ def _call_block(
 
 
 def _coroutine_block(settings: Settings, coro: Awaitable[Any], exc: BaseException) -> Block:
-    from crashoverride._recovery import Block
+    from crashoverride._block import Block
 
     frame = _coroutine_frame(exc, coro)
     name = getattr(coro, "__qualname__", type(coro).__qualname__)

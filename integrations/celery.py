@@ -38,7 +38,7 @@ from crashoverride import followups
 
 if TYPE_CHECKING:
     from crashoverride import CrashOverride, Handler
-    from crashoverride._recovery import Block
+    from crashoverride._block import Block
     from crashoverride.followups import FollowupJob
 
 __all__ = ["FOLLOWUP_QUEUE", "FOLLOWUP_TASK", "CeleryRunner", "CrashOverrideTask", "install"]
