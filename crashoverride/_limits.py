@@ -53,11 +53,6 @@ class Slots:
                     return
             self._free += 1
 
-    @property
-    def in_use_or_waiting(self) -> int:
-        with self._lock:
-            return len(self._waiters) - self._free
-
 
 class Flight:
     """One in-flight recovery that others with the same fingerprint can wait for."""

@@ -10,11 +10,6 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture
-def asyncio_only() -> str:
-    return "asyncio"
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if a non-daemon thread outlives it: that would hang interpreter exit."""
     import threading
