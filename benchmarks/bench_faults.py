@@ -119,6 +119,10 @@ def _control_rows() -> list[Row]:
             _scripted([tool, done], tools=[lookup_inventory], timeout=0.5))),
         ("sync app tool deadlocked (async with, trio)", 0.5, _async_block(
             _scripted([tool, done], tools=[lookup_inventory], timeout=0.5), "trio")),
+        ("agent code spins in pure Python on the owner thread (with)", 0.5, _with_block(
+            _scripted([_exec("while True:\n    pass"), done], timeout=0.5))),
+        ("agent code spins in pure Python on the app loop (asyncio)", 0.5, _async_block(
+            _scripted([_exec("while True:\n    pass"), done], timeout=0.5), "asyncio")),
         ("agent code raises KeyboardInterrupt (with)", None,
          _with_block(_scripted([_exec("raise KeyboardInterrupt"), done]))),
         ("agent code raises KeyboardInterrupt (async with, asyncio)", None, _async_block(
@@ -132,11 +136,6 @@ def _control_rows() -> list[Row]:
         target = f"<= {timeout + 1:g} s" if timeout is not None else ""
         extra = f"timeout={timeout:g}s; " if timeout is not None else ""
         rows.append(row(f"fault: {name}", seconds, "s", target=target, note=extra + note))
-    rows.append(row("fault: agent code spins in pure Python (`while True: pass`) on the "
-                    "owner thread", float("nan"), "s",
-                    note="not contained: agent code runs on the owner thread and nothing "
-                         "preempts it there (an async-exception watchdog was studied, not "
-                         "adopted); not run"))  # fmt: skip
     return rows
 
 

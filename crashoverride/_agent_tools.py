@@ -64,7 +64,7 @@ def agent_tools(job: AgentJob, dispatch: Dispatch) -> list[Any]:
                     text, ok = describe_result(value, ws.take_output()), True
                 except AgentExit as exc:
                     state.aborted = str(exc)
-                    text = f"{exc}. A recovery never exits the process; the recovery is over."
+                    text = f"{exc}; the recovery is over (a recovery never exits the process)."
                 except Exception as exc:
                     printed = ws.take_output()
                     error = format_tool_error(exc, ws.error)

@@ -159,6 +159,8 @@ class Recovery:
             location = f"{code.co_qualname} in {code.co_filename}:{block.frame.f_lineno}"
         settings = self.settings
         check = block.check
+        deadline = time.monotonic() + settings.timeout
+        self.workspace.deadline = deadline
         return AgentJob(
             settings=settings,
             instructions=self.redact(
@@ -182,7 +184,7 @@ class Recovery:
             workspace=self.workspace,
             state=state,
             check=(lambda: _checked(check, state)) if check is not None else None,
-            deadline=time.monotonic() + settings.timeout,
+            deadline=deadline,
             redact=self.redact,
             on_tool=self.on_tool,
             tools=self.followups.tools() if settings.mode == "repair" else (),

@@ -120,6 +120,9 @@ class Workspace:
     ) -> None:
         self.globals = globals_
         self.caller = caller
+        # When set (by the recovery), synchronous agent code still running at this
+        # ``time.monotonic()`` deadline is interrupted (see ``_watchdog``).
+        self.deadline: float | None = None
         self._output = io.StringIO()
         self.scratch: dict[str, Any] = {
             "print": self._print,
@@ -195,10 +198,17 @@ class Workspace:
         return self._guard(lambda: eval(code, self.globals, self._names), code, trailing=True)
 
     def _guard(self, run: Callable[[], Any], code: CodeType, *, trailing: bool = False) -> Any:
+        from ._watchdog import Preempted, guard
+
         try:
-            value = run()
+            with guard(self.deadline):
+                value = run()
         except SystemExit as exc:
             raise AgentExit(f"agent code called sys.exit({exc.code!r})") from None
+        except Preempted:
+            raise AgentExit(
+                "agent code was still running when the recovery's time ran out and was interrupted"
+            ) from None
         if code.co_flags & inspect.CO_COROUTINE:
             # Top-level await: ``value`` is a coroutine, awaited wherever the bridge can.
             return self._finish_async(value, trailing)
