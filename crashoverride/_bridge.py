@@ -119,8 +119,11 @@ async def in_daemon_thread(fn: Callable[[], T]) -> T:
     def work() -> None:
         try:
             future.set_result(fn())
-        except BaseException as exc:  # forwarded to the waiting task, which re-raises it
+        except Exception as exc:  # forwarded to the waiting task, which re-raises it
             future.set_exception(exc)
+        finally:
+            if not future.done():  # an exit or interrupt in this thread: never leave it waiting
+                future.set_exception(RuntimeError(f"{fn!r} ended without returning"))
 
     threading.Thread(target=work, name="crashoverride-worker", daemon=True).start()
     await wait_future(future)
@@ -148,10 +151,15 @@ class AgentThread:
     def _run(self) -> None:
         try:
             value = asyncio.run(self._wrapped())
-        except BaseException as exc:  # forwarded to the owner thread, which re-raises it
+        # Not swallowed: handed to the owner thread, which re-raises it there. An interrupt
+        # raised by an application tool running here must reach the application as one.
+        except (Exception, KeyboardInterrupt, SystemExit, asyncio.CancelledError) as exc:
             self.done.set_exception(exc)
         else:
             self.done.set_result(value)
+        finally:
+            if not self.done.done():
+                self.done.set_exception(RuntimeError("the agent thread ended without a result"))
 
     async def _wrapped(self) -> Any:
         with self._lock:
