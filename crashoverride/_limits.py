@@ -7,11 +7,12 @@ bound to a loop: state sits behind a ``threading.Lock`` and every wait is a
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class Slots:
@@ -89,50 +90,172 @@ class SingleFlight:
             flight.done.set_result(recovered)
 
 
+class Admission(NamedTuple):
+    """The breaker's answer for one failure (see ``Breaker.admit``)."""
+
+    skip: str | None
+    """Why this recovery must not run, in words; None when it may run."""
+    trial: int
+    """Nonzero when this caller holds the half-open trial: hand it back with ``abandon``."""
+
+
+class _Circuit:
+    """What the breaker remembers about one fingerprint."""
+
+    __slots__ = ("failures", "open_until", "trial", "trial_until")
+
+    def __init__(self) -> None:
+        self.failures: deque[float] = deque()  # closed: times of the failures within the window
+        self.open_until: float | None = None  # open until then, half-open after
+        self.trial = 0  # the half-open trial in progress (0: none)
+        self.trial_until = 0.0  # when that trial is given up on
+
+    def forget_at(self, window: float) -> float:
+        if self.open_until is None:
+            return self.failures[-1] + window if self.failures else float("-inf")
+        # After its cool-down (and trial) the failure stayed away for a whole window: it is new.
+        return max(self.open_until, self.trial_until) + window
+
+
 class Breaker:
     """Per-fingerprint circuit breaker.
 
     After ``threshold`` failed recoveries within ``window`` seconds the circuit opens: recoveries
     for that fingerprint are skipped (no model call) until ``cooldown`` seconds have passed. Then
-    one trial recovery runs; its success closes the circuit, its failure re-opens it.
+    it is half-open: exactly one caller gets a trial recovery and the others are skipped until the
+    trial's result is recorded; success closes the circuit, failure re-opens it. A trial that will
+    record nothing (it ran no agent) is handed back with ``abandon``; one that is simply never
+    heard of again expires after ``trial_timeout`` seconds (default: the cool-down), and the next
+    caller becomes the trial.
+
+    Memory stays bounded in servers that meet endless distinct failures. A fingerprint is
+    forgotten ``window`` seconds after its last failure (closed) or after its cool-down and last
+    trial (open); a sweep at most once per ``max(window, 1s)`` drops those, so an entry outlives
+    that point by at most one sweep interval. On top, at most ``max_entries`` fingerprints are
+    held: past that the least recently active is forgotten. Forgetting can only let a recovery
+    run (its next failure counts from zero), never block one.
     """
 
-    def __init__(self, threshold: int, window: float, cooldown: float) -> None:
+    def __init__(
+        self,
+        threshold: int,
+        window: float,
+        cooldown: float,
+        *,
+        trial_timeout: float | None = None,
+        max_entries: int = 10_000,
+    ) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
         self.threshold = threshold
         self.window = window
         self.cooldown = cooldown
+        self.trial_timeout = cooldown if trial_timeout is None else trial_timeout
+        self.max_entries = max_entries
         self._lock = threading.Lock()
-        self._failures: dict[str, deque[float]] = {}
-        self._open_until: dict[str, float] = {}
+        # Least recently active first: the order in which the cap forgets.
+        self._circuits: OrderedDict[str, _Circuit] = OrderedDict()
+        self._trials = itertools.count(1)
+        self._sweep_every = max(window, 1.0)
+        self._next_sweep = float("-inf")
+
+    def __len__(self) -> int:
+        """How many fingerprints are remembered (bounded: see the class docstring)."""
+        return len(self._circuits)
 
     def check(self, fingerprint: str) -> float | None:
-        """Seconds left open for ``fingerprint``, or None when a recovery may run."""
+        """Seconds before ``fingerprint`` may be tried again, or None when this recovery may run.
+
+        Open: the cool-down left. Half-open with a trial in progress: the time until that trial
+        expires. None for a closed circuit, and for the one caller that becomes the trial (its
+        ``record`` decides). ``admit`` gives the same answer in words, with a trial handle.
+        """
+        return self._decide(fingerprint)[0]
+
+    def admit(self, fingerprint: str) -> Admission:
+        """Decide like ``check``; the reason to skip in words, and the trial this caller holds."""
+        left, half_open, trial = self._decide(fingerprint)
+        if left is None:
+            return Admission(None, trial)
+        if half_open:
+            return Admission(
+                "circuit breaker half-open for this failure: a trial recovery is in progress and "
+                f"others are skipped until it reports (at most {left:.0f}s more)",
+                0,
+            )
+        return Admission(
+            f"circuit breaker open for this failure ({left:.0f}s of cool-down left)", 0
+        )
+
+    def _decide(self, fingerprint: str) -> tuple[float | None, bool, int]:
         now = time.monotonic()
         with self._lock:
-            until = self._open_until.get(fingerprint)
-            if until is None:
-                return None
-            if now >= until:
-                # Half-open: let this one through; its result decides.
-                del self._open_until[fingerprint]
-                self._failures[fingerprint] = deque([now] * (self.threshold - 1))
-                return None
-            return until - now
+            self._sweep(now)
+            circuit = self._circuits.get(fingerprint)
+            if circuit is None or circuit.open_until is None:
+                return None, False, 0
+            if now < circuit.open_until:
+                return circuit.open_until - now, False, 0
+            if circuit.trial and now < circuit.trial_until:
+                return circuit.trial_until - now, True, 0
+            # Half-open and nobody trying (or the last trial expired): this caller is the trial.
+            circuit.trial = next(self._trials)
+            circuit.trial_until = now + self.trial_timeout
+            self._circuits.move_to_end(fingerprint)
+            return None, True, circuit.trial
 
     def record(self, fingerprint: str, recovered: bool) -> None:
+        """The result of a recovery that ran an agent for ``fingerprint``."""
         now = time.monotonic()
         with self._lock:
+            self._sweep(now)
             if recovered:
-                self._failures.pop(fingerprint, None)
+                # It can be repaired after all: nothing counted against it applies any more.
+                self._circuits.pop(fingerprint, None)
                 return
-            times = self._failures.setdefault(fingerprint, deque())
+            circuit = self._circuits.get(fingerprint)
+            if circuit is None:
+                circuit = self._circuits[fingerprint] = _Circuit()
+                while len(self._circuits) > self.max_entries:
+                    self._circuits.popitem(last=False)
+            else:
+                self._circuits.move_to_end(fingerprint)
+            if circuit.open_until is not None:
+                if now >= circuit.open_until:
+                    self._open(circuit, now)  # half-open: one failed trial re-opens
+                return  # still open: a straggler that started earlier adds nothing
+            times = circuit.failures
             times.append(now)
             while times and now - times[0] > self.window:
                 times.popleft()
             if len(times) >= self.threshold:
-                self._open_until[fingerprint] = now + self.cooldown
-                # Bound memory: the open entry carries the state now.
-                self._failures.pop(fingerprint, None)
+                self._open(circuit, now)
+
+    def abandon(self, fingerprint: str, trial: int) -> None:
+        """Hand back a half-open trial that will record no result (e.g. no slot freed in time).
+
+        The next caller becomes the trial at once instead of after ``trial_timeout``. A zero or
+        stale ``trial`` changes nothing, so every exit path may call this.
+        """
+        with self._lock:
+            circuit = self._circuits.get(fingerprint)
+            if trial and circuit is not None and circuit.trial == trial:
+                circuit.trial = 0
+
+    def _open(self, circuit: _Circuit, now: float) -> None:
+        circuit.open_until = now + self.cooldown
+        circuit.failures.clear()  # the open state carries the verdict now
+        circuit.trial = 0
+
+    def _sweep(self, now: float) -> None:
+        # One pass per interval, over at most max_entries: cheap next to a recovery, and it
+        # catches fingerprints that never fail (or are checked) again.
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + self._sweep_every
+        stale = [key for key, c in self._circuits.items() if now > c.forget_at(self.window)]
+        for key in stale:
+            del self._circuits[key]
 
 
 class Limits:

@@ -11,13 +11,20 @@ from __future__ import annotations
 import inspect
 import sys
 import types
+import weakref
 from typing import Any
 
 from ._text import clip
 
-# Where each function replaced in place came from, so a fix can still be persisted to the
-# original file after its live code has been swapped.
-ORIGINS: dict[types.CodeType, tuple[str, int, str]] = {}
+# Where each function replaced in place came from (file, first line, original source), so a fix
+# can still be persisted to the original file after its live code has been swapped. Keyed weakly
+# by the patched function itself (the object every caller holds; it survives any number of
+# swaps), so an entry lasts exactly as long as the function: a long-running process repairing
+# short-lived functions (closures, per-request classes) does not accumulate one per repair. Code
+# objects cannot be weakly referenced, and the live code is a renamed copy anyway.
+ORIGINS: weakref.WeakKeyDictionary[types.FunctionType, tuple[str, int, str]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _as_function(value: Any, where: dict[str, Any]) -> types.FunctionType:
@@ -66,16 +73,19 @@ def replace_function(target: Any, new: Any) -> str:
         != target.__code__.co_flags & inspect.CO_COROUTINE
     ):
         raise ValueError("the replacement must be async exactly when the original is")
-    if target.__code__ not in ORIGINS and not target.__code__.co_filename.startswith("<"):
+    found = ORIGINS.get(target)
+    if found is None and not target.__code__.co_filename.startswith("<"):
         try:
             original = inspect.getsource(target)
         except (OSError, TypeError):
             original = ""
-        ORIGINS[replacement.__code__] = (
-            target.__code__.co_filename, target.__code__.co_firstlineno, original
-        )  # fmt: skip
-    elif target.__code__ in ORIGINS:
-        ORIGINS[replacement.__code__] = ORIGINS[target.__code__]
+        found = (target.__code__.co_filename, target.__code__.co_firstlineno, original)
+    if found is not None:
+        ORIGINS[target] = found
+        if replacement.__code__.co_filename.startswith("<") and replacement not in ORIGINS:
+            # The agent may persist the function object it wrote; one defined in a real file
+            # keeps its own origin (persisting it must not overwrite the target's definition).
+            ORIGINS[replacement] = found
     # Keep the target's name so tracebacks and reprs still say what the function is.
     target.__code__ = replacement.__code__.replace(
         co_name=target.__code__.co_name, co_qualname=target.__code__.co_qualname
@@ -91,8 +101,8 @@ def origin(func: Any) -> tuple[str, int, str] | None:
     code = getattr(func, "__code__", None)
     if code is None:
         return None
-    if code in ORIGINS:
-        return ORIGINS[code]
+    if isinstance(func, types.FunctionType) and func in ORIGINS:
+        return ORIGINS[func]
     if code.co_filename.startswith("<"):
         return None
     try:

@@ -10,9 +10,13 @@ a ``.patch`` file for review instead of touching the source.
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
 import inspect
+import itertools
 import os
+import stat
+import tempfile
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -105,13 +109,13 @@ class SourceEditor:
         if not diff:
             return "no change: the file already has this source"
         if self.style == "patch":
-            target = f"{path}.{self.recovery_id}.patch"
-            _write(target, diff)
+            target = _create(f"{path}.{self.recovery_id}", ".patch", diff)
             change = SourceChange(path=path, kind="proposed", diff=self.redact(diff), file=target)
         else:
-            backup = f"{path}.{self.recovery_id}.bak"
-            _write(backup, before)
-            _write(path, after)
+            # The backup keeps the source's permission bits, so restoring it is a plain rename.
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+            backup = _create(f"{path}.{self.recovery_id}", ".bak", before, mode)
+            _replace(path, after)
             change = SourceChange(path=path, kind="written", diff=self.redact(diff), file=backup)
         self.changes.append(change)
         _log.emit("warning", _log.SOURCE_CHANGED, path=path, kind=change.kind,
@@ -177,9 +181,75 @@ def _read(path: str) -> str:
         return handle.read()
 
 
-def _write(path: str, text: str) -> None:
-    # Write then rename, so a crash never leaves a half-written source file behind.
-    temporary = f"{path}.crashoverride-tmp"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(temporary, path)
+def _create(stem: str, suffix: str, text: str, mode: int | None = None) -> str:
+    """Write ``text`` to a new file ``stem + suffix`` (or ``stem-2 + suffix``...); return its name.
+
+    Exclusive creation: an existing file (a leftover, another writer's, an earlier change of this
+    recovery) is never overwritten, and a symlink planted at the name is never written through.
+    Not atomic, and need not be: a backup matters only once the source is replaced, which happens
+    after this returns with the backup complete and synced.
+    """
+    for n in itertools.count(1):
+        name = f"{stem}{suffix}" if n == 1 else f"{stem}-{n}{suffix}"
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+            fd = os.open(name, flags, 0o666)  # like open(): the umask decides
+        except FileExistsError:
+            continue
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                if mode is not None:
+                    os.chmod(name, mode)
+                os.fsync(handle.fileno())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+            raise
+        return name
+    raise AssertionError("unreachable")  # itertools.count never ends
+
+
+def _replace(path: str, text: str) -> None:
+    """Give the file at ``path`` new contents atomically, keeping what makes it that file.
+
+    A crash never leaves a half-written source behind: the text goes to a temporary file that is
+    synced, then renamed over the original. The rename would replace a symlink by a regular file,
+    so the link is resolved first and its target is replaced (the link keeps pointing at it). The
+    temporary file sits in the target's directory (a rename is atomic only within a filesystem),
+    has a unique name (two writers or a leftover never collide), takes the original's permission
+    bits and, where allowed, owner, and is removed if anything fails.
+    """
+    real = os.path.realpath(path)
+    info = os.stat(real)
+    directory, name = os.path.split(real)
+    fd, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            if hasattr(os, "chown"):
+                # Only root may give a file away; anyone else keeps their own ownership.
+                with contextlib.suppress(OSError):
+                    os.chown(temporary, info.st_uid, info.st_gid)
+            os.chmod(temporary, stat.S_IMODE(info.st_mode))  # after chown, which drops setuid
+            os.fsync(handle.fileno())
+        os.replace(temporary, real)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    _sync_directory(directory)
+
+
+def _sync_directory(directory: str) -> None:
+    # The rename lives in the directory: sync it too, or a crash may bring the old file back.
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -162,3 +162,136 @@ def test_concurrency_limit_skips_when_no_slot_frees_in_time() -> None:
     t.join(10)
     assert outcomes == ["first recovered"]
     assert any("too many recoveries at once" in n for n in info.value.__notes__)
+
+
+class FakeClock:
+    """Stands in for the ``time`` module inside ``_limits``: time moves only when a test says."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    from crashoverride import _limits
+
+    fake = FakeClock()
+    monkeypatch.setattr(_limits, "time", fake)
+    return fake
+
+
+def test_breaker_forgets_failures_once_their_window_has_passed(clock: FakeClock) -> None:
+    from crashoverride._limits import Breaker
+
+    breaker = Breaker(threshold=3, window=10, cooldown=30)
+    for i in range(10_000):  # a long-running server meets many distinct failures
+        breaker.record(f"fp{i}", False)
+    assert len(breaker) == 10_000
+    clock.now += 10 + 10 + 1  # the window, plus at most one sweep interval
+    breaker.record("fresh", False)
+    assert len(breaker) == 1
+    assert breaker.check("fp0") is None
+
+
+def test_breaker_forgets_open_circuits_a_window_after_their_cool_down(clock: FakeClock) -> None:
+    from crashoverride._limits import Breaker
+
+    breaker = Breaker(threshold=1, window=10, cooldown=30)
+    for i in range(10_000):
+        breaker.record(f"fp{i}", False)
+    assert breaker.check("fp0") == pytest.approx(30)
+    clock.now += 30 + 10 + 10 + 1  # cool-down, a quiet window, at most one sweep interval
+    assert breaker.check("somebody else") is None
+    assert len(breaker) == 0
+
+
+def test_breaker_keeps_at_most_max_entries_and_forgets_the_oldest(clock: FakeClock) -> None:
+    from crashoverride._limits import Breaker
+
+    breaker = Breaker(threshold=2, window=60, cooldown=30, max_entries=100)
+    for i in range(1_000):  # all within one window: only the cap can bound this
+        breaker.record(f"fp{i}", False)
+    assert len(breaker) == 100
+    breaker.record("fp999", False)  # the newest are remembered: its second failure opens it
+    assert breaker.check("fp999") == pytest.approx(30)
+    breaker.record("fp0", False)  # the oldest was forgotten: this is its first failure again
+    assert breaker.check("fp0") is None
+
+
+def test_half_open_admits_one_trial_and_refuses_the_rest_until_it_records(
+    clock: FakeClock,
+) -> None:
+    from crashoverride._limits import Breaker
+
+    breaker = Breaker(threshold=1, window=60, cooldown=10)
+    breaker.record("f", False)
+    assert breaker.check("f") == pytest.approx(10)
+    clock.now += 10
+    start = threading.Barrier(20)
+    answers: list[float | None] = []
+
+    def caller() -> None:
+        start.wait()
+        answers.append(breaker.check("f"))
+
+    threads = [threading.Thread(target=caller) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert answers.count(None) == 1  # exactly one trial
+    refused = breaker.admit("f").skip
+    assert refused is not None and "trial recovery is in progress" in refused
+    breaker.record("f", True)  # the trial recovered: the circuit closes for everyone
+    assert breaker.check("f") is None and breaker.check("f") is None
+
+
+def test_a_failed_trial_reopens_the_circuit(clock: FakeClock) -> None:
+    from crashoverride._limits import Breaker
+
+    breaker = Breaker(threshold=3, window=60, cooldown=10)
+    for _ in range(3):
+        breaker.record("f", False)
+    clock.now += 10
+    assert breaker.check("f") is None  # the trial
+    breaker.record("f", False)  # one failed trial is enough: no new count to the threshold
+    assert breaker.check("f") == pytest.approx(10)
+    skip = breaker.admit("f").skip
+    assert skip == "circuit breaker open for this failure (10s of cool-down left)"
+
+
+def test_a_trial_that_never_records_expires(clock: FakeClock) -> None:
+    from crashoverride._limits import Breaker
+
+    breaker = Breaker(threshold=1, window=60, cooldown=10)
+    breaker.record("f", False)
+    clock.now += 10
+    assert breaker.check("f") is None  # the trial, which then vanishes without a verdict
+    clock.now += 9.5
+    assert breaker.check("f") == pytest.approx(0.5)  # still its turn, for one more cool-down
+    clock.now += 0.5
+    assert breaker.check("f") is None  # the trial expired: the next caller is the new trial
+    assert breaker.check("f") is not None
+
+
+def test_trial_timeout_and_handing_a_trial_back(clock: FakeClock) -> None:
+    from crashoverride._limits import Breaker
+
+    breaker = Breaker(threshold=1, window=60, cooldown=10, trial_timeout=100)
+    breaker.record("f", False)
+    clock.now += 10
+    trial = breaker.admit("f")
+    assert trial.skip is None and trial.trial
+    refused = breaker.admit("f")
+    assert refused.skip is not None and not refused.trial
+    clock.now += 99
+    breaker.abandon("f", refused.trial)  # not the trial: changes nothing
+    assert breaker.check("f") == pytest.approx(1)
+    breaker.abandon("f", trial.trial)  # e.g. no slot in time: the trial ran no agent
+    again = breaker.admit("f")
+    assert again.skip is None and again.trial and again.trial != trial.trial
+    breaker.abandon("f", trial.trial)  # a stale hand-back does not free the new trial
+    assert breaker.check("f") is not None

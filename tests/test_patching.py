@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from crashoverride import CrashOverride
-from crashoverride._patching import replace_function, show_source
+from crashoverride._patching import origin, replace_function, show_source
+from crashoverride._tools import compile_source
+from tests.fixtures.pricing import make_counter
 from tests.helpers import done_step, exec_step, scripted, tool_outputs
 
 
@@ -78,3 +83,46 @@ def test_show_source_of_unpatched_and_builtin_objects() -> None:
 
     assert "def make_counter" in show_source(make_counter)
     assert "no source" in show_source(len)
+
+
+def _made_in_a_file(tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    source = tmp_path / "made.py"
+    source.write_text("def make():\n    def f(x):\n        return x\n\n    return f\n")
+    namespace: dict[str, Any] = {}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    return str(source), namespace
+
+
+def test_origins_do_not_outlive_the_functions_they_describe(tmp_path: Path) -> None:
+    from crashoverride import _patching
+
+    path, namespace = _made_in_a_file(tmp_path)
+    gc.collect()
+    before = len(_patching.ORIGINS)
+    for i in range(200):  # a long-running server repairs many short-lived functions
+        f = namespace["make"]()
+        replace_function(f, f"def f(x):\n    return x + {i}\n")
+        assert f(1) == 1 + i
+        assert origin(f) == (path, 2, "    def f(x):\n        return x\n")
+        del f
+    gc.collect()
+    assert len(_patching.ORIGINS) <= before
+
+
+def test_origin_survives_renamed_and_repeated_replacements(tmp_path: Path) -> None:
+    path, namespace = _made_in_a_file(tmp_path)
+    f = namespace["make"]()
+    original = (path, 2, "    def f(x):\n        return x\n")
+    replace_function(f, "def fixed(x):\n    return 2\n")  # the agent named it differently
+    assert f(0) == 2 and origin(f) == original
+    replace_function(f, "def f(x):\n    return 3\n")  # patched again: still the file's original
+    assert f(0) == 3 and origin(f) == original
+    handed: dict[str, Any] = {}
+    exec(compile_source("def f(x):\n    return 4\n"), handed)
+    replace_function(f, handed["f"])  # a function object from the agent's snippet
+    assert f(0) == 4 and origin(handed["f"]) == original
+    own = origin(make_counter)
+    assert own is not None and own[0].endswith("pricing.py")
+    replace_function(f, make_counter)  # a function from a real file lends its code...
+    assert origin(make_counter) == own  # ...and still persists to its own definition
+    assert origin(f) == original
