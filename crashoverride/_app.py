@@ -24,43 +24,51 @@ class CrashOverride:
     imported or created until a protected block raises a matching exception.
 
     Args:
-        project_prompt: Facts about the application every recovery should know.
-        model: A model name, an Agents SDK ``Model`` instance, or None for the SDK default.
+        project_prompt: Facts about the application every recovery knows.
+        model: A model name, an Agents SDK ``Model`` instance, or None. None: the SDK default.
         catch: Exception class(es) that trigger a recovery. Interrupts, exits and cancellation
             are never caught.
-        tools: Application tools (callables or SDK tools) offered to every recovery.
-        mcp_servers: Connected Agents SDK MCP servers offered to every recovery.
-        system_prompt: Replaces the built-in agent instructions (advanced).
-        openai_client_factory: Builds the ``AsyncOpenAI`` client when a recovery starts.
-        agent_factory: Builds the SDK ``Agent`` from keyword arguments (advanced).
-        api_key: API key; default: ``OPENAI_API_KEY``, read only when a recovery starts.
-        base_url: An OpenAI-compatible endpoint (spoken to through chat completions).
+        tools: Tools offered to every recovery. Callables or Agents SDK tools.
+        mcp_servers: MCP servers offered to every recovery. Connected Agents SDK MCP servers.
+        system_prompt: Replaces the built-in agent instructions. Advanced.
+        openai_client_factory: Builds the ``AsyncOpenAI`` client. Called when a recovery starts.
+        agent_factory: Builds the SDK ``Agent`` from keyword arguments. Advanced.
+        api_key: API key; default: ``OPENAI_API_KEY``. Read only when a recovery starts.
+        base_url: An OpenAI-compatible http(s) endpoint. Spoken to through chat completions.
         timeout: Wall-clock budget of one recovery, in seconds.
         max_turns: Model turns one recovery may take.
         max_concurrent_recoveries: Recoveries running at once in this process.
-        concurrency_wait: Seconds a recovery waits for a free slot before giving up.
-        single_flight: Concurrent failures with one fingerprint share one recovery.
-        breaker_threshold: Failed recoveries of one fingerprint that open the breaker...
+        concurrency_wait: Seconds a recovery waits for a free slot. Then it is skipped.
+        single_flight: Concurrent identical failures share one recovery. Identical: same
+            fingerprint (exception type and where it was raised).
+        breaker_threshold: Failed recoveries of one fingerprint that open its breaker...
         breaker_window: ...within this many seconds...
-        breaker_cooldown: ...for this many seconds, during which recoveries are skipped.
-        tracing: Export SDK traces (off by default: tracebacks and locals are sensitive).
-        on_recovery: Called with every ``RecoveryReport``; its exceptions are logged, not raised.
-        followups: Follow-up objectives run in the background after every recovery that ran an
-            agent (see ``crashoverride.followups``).
-        followup_runner: Where follow-ups run; default: the current runner (``followups.using``)
+        breaker_cooldown: ...for this many seconds. Meanwhile its recoveries are skipped.
+        tracing: Export SDK traces (tracebacks and locals are sensitive). Off by default.
+        on_recovery: Called with every ``RecoveryReport``. Its exceptions are logged, not raised.
+        followups: Objectives run in the background after a recovery. Only after recoveries that
+            ran an agent (see ``crashoverride.followups``).
+        followup_runner: Where follow-ups run. Default: the current runner (``followups.using``)
             or a supervised thread.
-        followup_timeout: Wall-clock budget of one follow-up agent run, in seconds.
-        mode: ``"repair"`` (full tools) or ``"diagnose"`` (read-only inspection; the exception
-            is always re-raised with the agent's diagnosis attached).
-        approve: Called with the code before each snippet the agent runs (sync or async); a
-            false result or a string (the reason) denies it and the model is told so.
-        allow_source_changes: Let recoveries persist fixes to source files (off by default).
-        source_changes: ``"write"`` (edit the file, keep a backup) or ``"patch"`` (write a
-            ``.patch`` file for review instead).
-        redaction: Extra redaction rules (``crashoverride.Redaction``) on top of the defaults.
+        followup_timeout: Budget of one follow-up run, in seconds. Wall-clock, for its agent run.
+        mode: ``"repair"`` or ``"diagnose"`` (read-only). Repair has the full tools; diagnose
+            only inspects and always re-raises, with the agent's diagnosis attached.
+        approve: Called with the code of each snippet before it runs. Sync or async; a false
+            result or a string (the reason) denies it and the model is told so.
+        allow_source_changes: Let recoveries persist fixes to sources. Off by default.
+        source_changes: ``"write"`` or ``"patch"``. Write edits the file and keeps a backup;
+            patch writes a ``.patch`` file for review instead.
+        redaction: Extra redaction rules on top of the defaults. A ``crashoverride.Redaction``.
+
+    Raises:
+        ConfigurationError: An argument is invalid; the error names it.
     """
 
     __slots__ = ("_limits_lock", "_limits_state", "_settings")
+
+    # The arguments of __init__ and handler mirror the settings table in ``_settings`` (names,
+    # order, defaults), spelled out so type checkers, IDEs and help() see them; the values are
+    # checked by the table, and tests/test_settings_table.py fails if a mirror drifts.
 
     def __init__(
         self,
@@ -94,61 +102,34 @@ class CrashOverride:
         source_changes: str = "write",
         redaction: Redaction | None = None,
     ) -> None:
-        self._settings = Settings.for_app(
-            project_prompt=project_prompt,
-            model=model,
-            catch=catch,
-            tools=tools,
-            mcp_servers=mcp_servers,
-            system_prompt=system_prompt,
-            openai_client_factory=openai_client_factory,
-            agent_factory=agent_factory,
-            api_key=api_key,
-            base_url=base_url,
-            timeout=timeout,
-            max_turns=max_turns,
-            max_concurrent_recoveries=max_concurrent_recoveries,
-            concurrency_wait=concurrency_wait,
-            single_flight=single_flight,
-            breaker_threshold=breaker_threshold,
-            breaker_window=breaker_window,
-            breaker_cooldown=breaker_cooldown,
-            tracing=tracing,
-            on_recovery=on_recovery,
-            followups=followups,
-            followup_runner=followup_runner,
-            followup_timeout=followup_timeout,
-            mode=mode,
-            approve=approve,
-            allow_source_changes=allow_source_changes,
-            source_changes=source_changes,
-            redaction=redaction,
-        )
+        arguments = dict(locals())  # exactly the parameters: nothing else is bound yet
+        del arguments["self"]
+        self._settings = Settings.for_app(**arguments)
         self._limits_lock = _thread.allocate_lock()
         self._limits_state: Limits | None = None
 
     if TYPE_CHECKING:
-        # The signature users and type checkers see; the runtime one below is the fast path.
+        # The signature type checkers see; the runtime one below is the fast path.
         def handler(
             self,
             prompt: str = "",
             *,
             model: Any = UNSET,
-            catch: Any = UNSET,
+            catch: type[Exception] | tuple[type[Exception], ...] = UNSET,
             tools: Sequence[Any] = (),
             mcp_servers: Sequence[Any] = (),
             system_prompt: str | None = UNSET,
-            timeout: float = UNSET,
-            max_turns: int = UNSET,
-            postcondition: Callable[..., Any] | None = None,
-            name: str | None = None,
-            api_key: str | None = UNSET,
-            base_url: str | None = UNSET,
             openai_client_factory: Callable[[], Any] | None = UNSET,
             agent_factory: Callable[..., Any] | None = UNSET,
+            api_key: str | None = UNSET,
+            base_url: str | None = UNSET,
+            timeout: float = UNSET,
+            max_turns: int = UNSET,
             tracing: bool = UNSET,
-            followup: str = UNSET,
+            postcondition: Callable[..., Any] | None = None,
+            name: str | None = None,
             followups: str | Sequence[str] = (),
+            followup: str = UNSET,
             followup_runner: Any = UNSET,
             followup_timeout: float = UNSET,
             mode: str = UNSET,
@@ -162,10 +143,22 @@ class CrashOverride:
         def handler(self, prompt="", **overrides):
             """A handler for one kind of block: ``with``, ``async with`` or a decorator.
 
-            Tools and MCP servers are added to the application's; every other argument
-            overrides the application setting. ``postcondition`` is called after the agent
-            finished with a mapping of the block's locals (decorator form: ``result``,
-            ``args``, ``kwargs``); it may be async; a false result means not recovered.
+            Takes every ``CrashOverride`` argument except the process-wide ones (admission,
+            the breaker, ``project_prompt``, ``on_recovery``, ``redaction``): ``tools``,
+            ``mcp_servers`` and ``followups`` are added to the application's, the others
+            override it. And these, for this handler only:
+
+            Args:
+                prompt: What the protected block must achieve.
+                postcondition: Judges the block's locals after the agent. Called (it may be
+                    async) with a mapping of the block's locals (decorator form: ``result``,
+                    ``args``, ``kwargs``); a false result means not recovered.
+                name: The handler's name in events and reports.
+                followup: One follow-up objective, added like ``followups``.
+                **overrides: The ``CrashOverride`` arguments above.
+
+            Raises:
+                ConfigurationError: An argument is invalid or unknown; the error names it.
             """
             if overrides:
                 return Handler(self, prompt, overrides)

@@ -1,15 +1,24 @@
 """Immutable recovery settings: application defaults plus per-handler overrides.
 
-Everything here is validated eagerly so bad input fails at construction, never at failure time.
+Each setting is spelled once, as a row of the table in the body of :class:`Settings`; both
+construction paths are driven by it, and ``CrashOverride``'s typed signatures are tested against it.
+Everything is validated eagerly so bad input fails at construction, never at failure time.
 This module is on the import path of ``crashoverride``: it must stay free of heavy imports.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar, overload
 
 from ._errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from ._redact import Redaction
+
+_T = TypeVar("_T")
 
 # Exceptions that are control flow, not failures: a recovery must never swallow them.
 _NEVER_CATCH_NAMES: Final = frozenset(
@@ -26,48 +35,93 @@ class _Unset:
 
 UNSET: Final[Any] = _Unset()
 
+# -- checks: ``check(name, value) -> normalised value``, raising ConfigurationError(name, ...) ----
 
-def _check_str(name: str, value: object, *, optional: bool = False) -> str | None:
-    if value is None and optional:
-        return None
+
+def _text(name: str, value: object) -> str:
     if not isinstance(value, str):
-        expected = "a str or None" if optional else "a str"
-        raise ConfigurationError(name, f"expected {expected}, got {type(value).__name__}")
+        raise ConfigurationError(name, f"expected a str, got {type(value).__name__}")
     return value
 
 
-def _check_number(name: str, value: object, *, minimum: float = 0.0) -> float:
+def _optional_text(name: str, value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ConfigurationError(name, f"expected a str or None, got {type(value).__name__}")
+    return value
+
+
+def _seconds(name: str, value: object, *, zero_ok: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigurationError(name, f"expected a number, got {type(value).__name__}")
-    if not value > minimum:
-        raise ConfigurationError(name, f"must be greater than {minimum:g}, got {value!r}")
-    return float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond float range: as unusable as infinity
+        seconds = math.inf
+    # Infinity or NaN would silently disable a budget (``fail_after(nan)`` never fires).
+    if not math.isfinite(seconds):
+        raise ConfigurationError(name, f"must be a finite number of seconds, got {value!r:.40}")
+    if seconds < 0 or (seconds == 0 and not zero_ok):
+        bound = "at least 0" if zero_ok else "greater than 0"
+        raise ConfigurationError(name, f"must be {bound}, got {value!r}")
+    return seconds
 
 
-def _check_int(name: str, value: object, *, minimum: int = 1) -> int:
+_positive: Final = _seconds
+_non_negative: Final = functools.partial(_seconds, zero_ok=True)
+
+
+def _count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigurationError(name, f"expected an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ConfigurationError(name, f"must be at least {minimum}, got {value!r}")
+    if value < 1:
+        raise ConfigurationError(name, f"must be at least 1, got {value!r}")
     return value
 
 
-def _check_bool(name: str, value: object) -> bool:
+def _flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ConfigurationError(name, f"expected a bool, got {type(value).__name__}")
     return value
 
 
-def _check_callable(name: str, value: object) -> Callable[..., Any] | None:
-    if value is None:
-        return None
-    if not callable(value):
+def _hook(name: str, value: object) -> Callable[..., Any] | None:
+    if value is not None and not callable(value):
         raise ConfigurationError(name, f"expected a callable or None, got {type(value).__name__}")
     return value
 
 
-def check_catch(value: object, name: str = "catch") -> tuple[type[Exception], ...]:
-    """Normalise ``catch`` to a non-empty tuple of ``Exception`` subclasses."""
+def _choice(*choices: str) -> Callable[[str, object], str]:
+    def check(name: str, value: object) -> str:
+        if not isinstance(value, str) or value not in choices:
+            expected = ", ".join(map(repr, choices))
+            raise ConfigurationError(name, f"expected one of {expected}, got {value!r}")
+        return value
+
+    return check
+
+
+def _http_url(name: str, value: object) -> str | None:
+    text = _optional_text(name, value)
+    if text is None:
+        return None
+    # Imported here: ``base_url`` is rarely set and ``import crashoverride`` must stay light.
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        # ``port`` raises ValueError for a port out of range or not a number.
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:
+        valid = False
+    if not valid or any(char.isspace() for char in text):
+        # A rejected URL may still carry a password: never echo one with credentials.
+        shown = "a URL with credentials" if "@" in text else repr(text[:80])
+        raise ConfigurationError(name, f"expected an http(s) URL with a host, got {shown}")
+    return text
+
+
+def _catch(name: str, value: object) -> tuple[type[Exception], ...]:
+    # A non-empty tuple of ``Exception`` subclasses: one class or a list is normalised to it.
     items = value if isinstance(value, tuple | list) else (value,)
     if not items:
         raise ConfigurationError(name, "must name at least one exception class")
@@ -87,7 +141,7 @@ def check_catch(value: object, name: str = "catch") -> tuple[type[Exception], ..
     return tuple(result)
 
 
-def _check_model(value: object, name: str = "model") -> object:
+def _model(name: str, value: object) -> object:
     if value is None:
         return None
     if isinstance(value, str):
@@ -95,9 +149,7 @@ def _check_model(value: object, name: str = "model") -> object:
             raise ConfigurationError(name, "must be a non-empty model name")
         return value
     # An Agents SDK ``Model`` instance; checked by shape so this module never imports the SDK.
-    if callable(getattr(value, "get_response", None)) and callable(
-        getattr(value, "stream_response", None)
-    ):
+    if all(callable(getattr(value, m, None)) for m in ("get_response", "stream_response")):
         return value
     raise ConfigurationError(
         name,
@@ -105,31 +157,26 @@ def _check_model(value: object, name: str = "model") -> object:
     )
 
 
-def _check_tools(name: str, value: object) -> tuple[Any, ...]:
+def _tools(name: str, value: object, *, servers: bool = False) -> tuple[Any, ...]:
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
         raise ConfigurationError(name, f"expected a tuple or list, got {type(value).__name__}")
     for item in value:
         # Plain callables become function tools; SDK tool objects carry a ``name``.
-        if not (callable(item) or isinstance(getattr(item, "name", None), str)):
-            raise ConfigurationError(
-                name, f"expected callables or Agents SDK tools, got {type(item).__name__}"
-            )
+        if not (
+            callable(getattr(item, "list_tools", None))
+            if servers
+            else callable(item) or isinstance(getattr(item, "name", None), str)
+        ):
+            what = "Agents SDK MCP servers" if servers else "callables or Agents SDK tools"
+            raise ConfigurationError(name, f"expected {what}, got {type(item).__name__}")
     return tuple(value)
 
 
-def _check_servers(name: str, value: object) -> tuple[Any, ...]:
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise ConfigurationError(name, f"expected a tuple or list, got {type(value).__name__}")
-    for item in value:
-        if not callable(getattr(item, "list_tools", None)):
-            raise ConfigurationError(
-                name, f"expected Agents SDK MCP servers, got {type(item).__name__}"
-            )
-    return tuple(value)
+_servers: Final = functools.partial(_tools, servers=True)
 
 
-def check_followups(value: object, name: str = "followups") -> tuple[str, ...]:
-    """Follow-up objectives: one string or a sequence of non-empty strings."""
+def _followups(name: str, value: object) -> tuple[str, ...]:
+    # One objective (a str) or a sequence of non-empty ones.
     items = (value,) if isinstance(value, str) else value
     if not isinstance(items, Sequence) or not all(
         isinstance(item, str) and item.strip() for item in items
@@ -138,236 +185,201 @@ def check_followups(value: object, name: str = "followups") -> tuple[str, ...]:
     return tuple(item.strip() for item in items)
 
 
-def _check_runner(value: object) -> object:
-    if value is None:
-        return None
+def _runner(name: str, value: object) -> object:
     # A followups.FollowupRunner or JobRunner, checked by shape to keep this module light.
-    if not any(callable(getattr(value, method, None)) for method in ("submit", "submit_job")):
-        raise ConfigurationError(
-            "followup_runner", f"expected a follow-up runner, got {type(value).__name__}"
-        )
+    if value is not None and not any(
+        callable(getattr(value, method, None)) for method in ("submit", "submit_job")
+    ):
+        raise ConfigurationError(name, f"expected a follow-up runner, got {type(value).__name__}")
     return value
 
 
-def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise ConfigurationError(
-            name, f"expected one of {', '.join(map(repr, choices))}, got {value!r}"
-        )
-    return value
-
-
-def _check_redaction(value: object) -> object:
+def _redaction(name: str, value: object) -> Redaction | None:
     if value is None:
         return None
     from ._redact import Redaction
 
     if not isinstance(value, Redaction):
-        raise ConfigurationError(
-            "redaction", f"expected a crashoverride.Redaction or None, got {type(value).__name__}"
-        )
+        raise ConfigurationError(name, f"expected a Redaction or None, got {type(value).__name__}")
     return value
+
+
+# -- merge rules: how a handler's value combines with the application's ----------------------
+
+
+def override(app: Any, handler: Any) -> Any:
+    """The handler's value replaces the application's."""
+    return handler
+
+
+def union(app: tuple[Any, ...], handler: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Added to the application's, skipping items already present.
+
+    By identity, not equality: tools and servers may be unhashable, or equal yet distinct.
+    """
+    known = {id(item) for item in app}
+    added = {id(item): item for item in handler if id(item) not in known}  # keeps order
+    return app + tuple(added.values())
+
+
+def union_distinct(app: tuple[str, ...], handler: tuple[str, ...]) -> tuple[str, ...]:
+    """Added to the application's, skipping equal items (objectives are plain strings)."""
+    return tuple(dict.fromkeys(app + handler))
+
+
+Scope = Literal["app", "handler", "both"]
+APP: Final = "app"
+HANDLER: Final = "handler"
+BOTH: Final = "both"
+
+
+class Field(Generic[_T]):
+    """One setting, named by the ``Settings`` attribute it is assigned to.
+
+    A non-data descriptor: a ``Settings`` instance keeps its values in its ``__dict__``, which
+    shadows the field (reading a setting is a plain attribute lookup); type checkers see the
+    type its check returns.
+
+    Args:
+        default: What the ``CrashOverride`` argument is when omitted (before the check).
+        check: ``check(argument_name, value)``: the normalised value, or ConfigurationError.
+        scope: ``APP``, ``HANDLER`` or ``BOTH`` (set on the application, overridable per handler).
+        doc: One line; ``CrashOverride``'s docstring starts the argument's entry with it.
+        merge: How a handler's checked value combines with the application's.
+        aliases: Other handler argument names for this field (e.g. ``followup``).
+    """
+
+    __slots__ = ("aliases", "check", "checked_default", "default", "doc", "merge", "name", "scope")
+
+    checked_default: _T
+
+    def __init__(
+        self,
+        default: object,
+        check: Callable[[str, object], _T],
+        scope: Scope,
+        doc: str,
+        *,
+        merge: Callable[[Any, Any], Any] = override,
+        aliases: tuple[str, ...] = (),
+    ) -> None:
+        self.default, self.check, self.scope, self.doc = default, check, scope, doc
+        self.merge, self.aliases, self.name = merge, aliases, ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        # Checked once here, so omitted arguments cost nothing per construction.
+        self.checked_default = self.check(name, self.default)
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> Field[_T]: ...
+    @overload
+    def __get__(self, instance: object, owner: type) -> _T: ...
+    def __get__(self, instance: object, owner: type) -> Field[_T] | _T:
+        if instance is None:
+            return self
+        raise AttributeError(self.name)  # only reached for a half-built instance
+
+    @property
+    def handler_default(self) -> object:
+        """What ``co.handler()`` spells for "not given": inherit, or add nothing."""
+        if self.scope == HANDLER:
+            return self.default
+        return UNSET if self.merge is override else ()
 
 
 MODES: Final = ("repair", "diagnose")
 SOURCE_STYLES: Final = ("write", "patch")
 
 
-def _union(first: tuple[Any, ...], second: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Concatenate, dropping items already present by identity (not equality)."""
-    seen = {id(item) for item in first}
-    extra = []
-    for item in second:
-        if id(item) not in seen:
-            seen.add(id(item))
-            extra.append(item)
-    return first + tuple(extra)
-
-
 class Settings:
-    """Everything one recovery needs to know, fully validated. Immutable."""
+    """Everything one recovery needs to know, fully validated. Immutable.
 
-    __slots__ = (
-        "agent_factory",
-        "allow_source_changes",
-        "api_key",
-        "approve",
-        "base_url",
-        "breaker_cooldown",
-        "breaker_threshold",
-        "breaker_window",
-        "catch",
-        "concurrency_wait",
-        "followup_runner",
-        "followup_timeout",
-        "followups",
-        "max_concurrent_recoveries",
-        "max_turns",
-        "mcp_servers",
-        "mode",
-        "model",
-        "name",
-        "on_recovery",
-        "openai_client_factory",
-        "postcondition",
-        "project_prompt",
-        "prompt",
-        "redaction",
-        "single_flight",
-        "source_changes",
-        "system_prompt",
-        "timeout",
-        "tools",
-        "tracing",
-    )
+    The class body is the table of settings. Its order is the order of ``CrashOverride``'s
+    arguments (and docstring) and of ``CrashOverride.handler``'s.
+    """
 
-    project_prompt: str
-    prompt: str
-    model: object
-    catch: tuple[type[Exception], ...]
-    tools: tuple[Any, ...]
-    mcp_servers: tuple[Any, ...]
-    system_prompt: str | None
-    openai_client_factory: Callable[..., Any] | None
-    agent_factory: Callable[..., Any] | None
-    api_key: str | None
-    base_url: str | None
-    timeout: float
-    max_turns: int
-    max_concurrent_recoveries: int
-    concurrency_wait: float
-    single_flight: bool
-    breaker_threshold: int
-    breaker_window: float
-    breaker_cooldown: float
-    tracing: bool
-    on_recovery: Callable[..., Any] | None
-    postcondition: Callable[..., Any] | None
-    name: str | None
-    followups: tuple[str, ...]
-    mode: str
-    approve: Callable[..., Any] | None
-    allow_source_changes: bool
-    source_changes: str
-    redaction: Any
-    followup_runner: object
-    followup_timeout: float
-
-    def __init__(self, **values: Any) -> None:
-        for key in self.__slots__:
-            object.__setattr__(self, key, values[key])
+    # fmt: off
+    # name = Field(default, check, scope, doc[, merge=..., aliases=...]); merge: ``override``.
+    # APP: process-wide (admission, hooks); HANDLER: what one block means; BOTH: overridable.
+    project_prompt = Field("", _text, APP, "Facts about the application every recovery knows.")
+    prompt = Field("", _text, HANDLER, "What the protected block must achieve.")
+    model = Field(None, _model, BOTH, "A model name, an Agents SDK ``Model`` instance, or None.")
+    catch = Field(Exception, _catch, BOTH, "Exception class(es) that trigger a recovery.")
+    tools = Field((), _tools, BOTH, "Tools offered to every recovery.", merge=union)
+    mcp_servers = Field((), _servers, BOTH, "MCP servers offered to every recovery.", merge=union)
+    system_prompt = Field(None, _optional_text, BOTH, "Replaces the built-in agent instructions.")
+    openai_client_factory = Field(None, _hook, BOTH, "Builds the ``AsyncOpenAI`` client.")
+    agent_factory = Field(None, _hook, BOTH, "Builds the SDK ``Agent`` from keyword arguments.")
+    api_key = Field(None, _optional_text, BOTH, "API key; default: ``OPENAI_API_KEY``.")
+    base_url = Field(None, _http_url, BOTH, "An OpenAI-compatible http(s) endpoint.")
+    timeout = Field(120.0, _positive, BOTH, "Wall-clock budget of one recovery, in seconds.")
+    max_turns = Field(20, _count, BOTH, "Model turns one recovery may take.")
+    max_concurrent_recoveries = Field(4, _count, APP, "Recoveries running at once in this process.")
+    concurrency_wait = Field(30.0, _non_negative, APP, "Seconds a recovery waits for a free slot.")
+    single_flight = Field(True, _flag, APP, "Concurrent identical failures share one recovery.")
+    breaker_threshold = Field(3, _count, APP,
+                              "Failed recoveries of one fingerprint that open its breaker...")
+    breaker_window = Field(300.0, _positive, APP, "...within this many seconds...")
+    breaker_cooldown = Field(600.0, _non_negative, APP, "...for this many seconds.")
+    tracing = Field(False, _flag, BOTH, "Export SDK traces (tracebacks and locals are sensitive).")
+    on_recovery = Field(None, _hook, APP, "Called with every ``RecoveryReport``.")
+    postcondition = Field(None, _hook, HANDLER, "Judges the block's locals after the agent.")
+    name = Field(None, _optional_text, HANDLER, "The handler's name in events and reports.")
+    followups = Field((), _followups, BOTH, "Objectives run in the background after a recovery.",
+                      merge=union_distinct, aliases=("followup",))
+    followup_runner = Field(None, _runner, BOTH, "Where follow-ups run.")
+    followup_timeout = Field(600.0, _positive, BOTH, "Budget of one follow-up run, in seconds.")
+    mode = Field("repair", _choice(*MODES), BOTH, '``"repair"`` or ``"diagnose"`` (read-only).')
+    approve = Field(None, _hook, BOTH, "Called with the code of each snippet before it runs.")
+    allow_source_changes = Field(False, _flag, BOTH, "Let recoveries persist fixes to sources.")
+    source_changes = Field("write", _choice(*SOURCE_STYLES), BOTH, '``"write"`` or ``"patch"``.')
+    redaction = Field(None, _redaction, APP, "Extra redaction rules on top of the defaults.")
+    # fmt: on
 
     def __setattr__(self, key: str, value: object) -> None:
         raise AttributeError("Settings are immutable")
 
+    def __delattr__(self, key: str) -> None:
+        raise AttributeError("Settings are immutable")
+
     @classmethod
-    def for_app(
-        cls,
-        *,
-        project_prompt: object,
-        model: object,
-        catch: object,
-        tools: object,
-        mcp_servers: object,
-        system_prompt: object,
-        openai_client_factory: object,
-        agent_factory: object,
-        api_key: object,
-        base_url: object,
-        timeout: object,
-        max_turns: object,
-        max_concurrent_recoveries: object,
-        concurrency_wait: object,
-        single_flight: object,
-        breaker_threshold: object,
-        breaker_window: object,
-        breaker_cooldown: object,
-        tracing: object,
-        on_recovery: object,
-        followups: object = (),
-        followup_runner: object = None,
-        followup_timeout: object = 600.0,
-        mode: object = "repair",
-        approve: object = None,
-        allow_source_changes: object = False,
-        source_changes: object = "write",
-        redaction: object = None,
-    ) -> Settings:
-        return cls(
-            mode=_check_choice("mode", mode, MODES),
-            approve=_check_callable("approve", approve),
-            allow_source_changes=_check_bool("allow_source_changes", allow_source_changes),
-            source_changes=_check_choice("source_changes", source_changes, SOURCE_STYLES),
-            redaction=_check_redaction(redaction),
-            project_prompt=_check_str("project_prompt", project_prompt),
-            prompt="",
-            model=_check_model(model),
-            catch=check_catch(catch),
-            tools=_check_tools("tools", tools),
-            mcp_servers=_check_servers("mcp_servers", mcp_servers),
-            system_prompt=_check_str("system_prompt", system_prompt, optional=True),
-            openai_client_factory=_check_callable("openai_client_factory", openai_client_factory),
-            agent_factory=_check_callable("agent_factory", agent_factory),
-            api_key=_check_str("api_key", api_key, optional=True),
-            base_url=_check_str("base_url", base_url, optional=True),
-            timeout=_check_number("timeout", timeout),
-            max_turns=_check_int("max_turns", max_turns),
-            max_concurrent_recoveries=_check_int(
-                "max_concurrent_recoveries", max_concurrent_recoveries
-            ),
-            concurrency_wait=_check_number("concurrency_wait", concurrency_wait, minimum=-1e-9),
-            single_flight=_check_bool("single_flight", single_flight),
-            breaker_threshold=_check_int("breaker_threshold", breaker_threshold),
-            breaker_window=_check_number("breaker_window", breaker_window),
-            breaker_cooldown=_check_number("breaker_cooldown", breaker_cooldown, minimum=-1e-9),
-            tracing=_check_bool("tracing", tracing),
-            on_recovery=_check_callable("on_recovery", on_recovery),
-            postcondition=None,
-            name=None,
-            followups=check_followups(followups),
-            followup_runner=_check_runner(followup_runner),
-            followup_timeout=_check_number("followup_timeout", followup_timeout),
-        )
+    def _from(cls, values: dict[str, Any]) -> Settings:
+        settings = object.__new__(cls)
+        settings.__dict__.update(values)  # bypasses __setattr__: the one place values are set
+        return settings
+
+    @classmethod
+    def for_app(cls, **arguments: object) -> Settings:
+        """Application settings from ``CrashOverride`` arguments; omitted or UNSET: default.
+
+        Raises:
+            ConfigurationError: A value fails its check, or a key is not an application field.
+        """
+        unknown = arguments.keys() - _APP_NAMES
+        if unknown:
+            raise ConfigurationError(min(unknown), "is not a CrashOverride argument")
+        values = {field.name: field.checked_default for field in FIELDS}
+        for key, value in arguments.items():
+            if value is not UNSET:
+                values[key] = getattr(cls, key).check(key, value)
+        return cls._from(values)
 
     def for_handler(self, overrides: dict[str, Any]) -> Settings:
-        """Derive handler settings: tools and MCP servers are added, the rest overrides."""
-        values = {key: getattr(self, key) for key in self.__slots__}
-        checks: dict[str, Callable[[Any], Any]] = {
-            "prompt": lambda v: _check_str("prompt", v),
-            "model": _check_model,
-            "catch": check_catch,
-            "system_prompt": lambda v: _check_str("system_prompt", v, optional=True),
-            "openai_client_factory": lambda v: _check_callable("openai_client_factory", v),
-            "agent_factory": lambda v: _check_callable("agent_factory", v),
-            "api_key": lambda v: _check_str("api_key", v, optional=True),
-            "base_url": lambda v: _check_str("base_url", v, optional=True),
-            "timeout": lambda v: _check_number("timeout", v),
-            "max_turns": lambda v: _check_int("max_turns", v),
-            "postcondition": lambda v: _check_callable("postcondition", v),
-            "name": lambda v: _check_str("name", v, optional=True),
-            "tracing": lambda v: _check_bool("tracing", v),
-            "followup_runner": _check_runner,
-            "mode": lambda v: _check_choice("mode", v, MODES),
-            "approve": lambda v: _check_callable("approve", v),
-            "allow_source_changes": lambda v: _check_bool("allow_source_changes", v),
-            "source_changes": lambda v: _check_choice("source_changes", v, SOURCE_STYLES),
-            "followup_timeout": lambda v: _check_number("followup_timeout", v),
-        }
+        """Derive handler settings: each override is checked and merged by its field's rule.
+
+        Raises:
+            ConfigurationError: A value fails its check, or a key is not a handler argument.
+        """
+        values = dict(self.__dict__)
         for key, value in overrides.items():
             if value is UNSET:
                 continue
-            if key == "tools":
-                values[key] = _union(self.tools, _check_tools("tools", value))
-            elif key in ("followups", "followup"):  # ``followup``: the one-objective spelling
-                added = check_followups(value, key)
-                values["followups"] = tuple(dict.fromkeys(values["followups"] + added))
-            elif key == "mcp_servers":
-                values[key] = _union(self.mcp_servers, _check_servers("mcp_servers", value))
-            elif key in checks:
-                values[key] = checks[key](value)
-            else:
+            field = _BY_HANDLER_NAME.get(key)
+            if field is None:
                 raise ConfigurationError(key, "is not a handler argument")
-        return Settings(**values)
+            values[field.name] = field.merge(values[field.name], field.check(key, value))
+        return Settings._from(values)
 
     @property
     def model_label(self) -> str:
@@ -377,3 +389,11 @@ class Settings:
         if isinstance(self.model, str):
             return self.model
         return type(self.model).__name__
+
+
+FIELDS: Final = tuple(value for value in vars(Settings).values() if isinstance(value, Field))
+_APP_NAMES: Final = frozenset(field.name for field in FIELDS if field.scope != HANDLER)
+# Handler argument name (field name or alias, e.g. ``followup``) -> its field.
+_BY_HANDLER_NAME: Final = {
+    name: field for field in FIELDS if field.scope != APP for name in (field.name, *field.aliases)
+}

@@ -120,3 +120,73 @@ def test_decorating_a_non_callable_fails() -> None:
 def test_unknown_handler_argument_fails() -> None:
     with pytest.raises(ConfigurationError, match="promt"):
         CrashOverride().handler(promt="typo")  # type: ignore[call-arg]
+
+
+NUMBER_FIELDS = (
+    "timeout",
+    "concurrency_wait",
+    "breaker_window",
+    "breaker_cooldown",
+    "followup_timeout",
+)
+
+
+@pytest.mark.parametrize("argument", NUMBER_FIELDS)
+@pytest.mark.parametrize(
+    "value",
+    [float("inf"), float("-inf"), float("nan"), 10**400],
+    ids=["inf", "-inf", "nan", "1e400"],
+)
+def test_non_finite_numbers_are_rejected(argument: str, value: float) -> None:
+    with pytest.raises(ConfigurationError, match="finite") as info:
+        CrashOverride(**{argument: value})
+    assert info.value.argument == argument
+
+
+@pytest.mark.parametrize("argument", ["timeout", "followup_timeout"])
+def test_non_finite_handler_overrides_are_rejected(argument: str) -> None:
+    with pytest.raises(ConfigurationError, match="finite") as info:
+        CrashOverride().handler(**{argument: float("inf")})
+    assert info.value.argument == argument
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "not a url",
+        "",
+        "localhost:11434/v1",
+        "ftp://example.com/v1",
+        "http://",
+        "https:///v1",
+        "http://exa mple.com/v1",
+        "http://example.com:99999/v1",
+        "http://[::1/v1",
+    ],
+)
+def test_base_url_must_be_an_http_url_with_a_host(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="http") as info:
+        CrashOverride(base_url=url)
+    assert info.value.argument == "base_url"
+    with pytest.raises(ConfigurationError, match="http"):
+        CrashOverride().handler(base_url=url)
+
+
+def test_a_rejected_base_url_does_not_echo_credentials() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        CrashOverride(base_url="ftp://user:hunter2@example.com/v1")
+    assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://localhost:11434/v1", "https://api.example.com/v1", "http://[::1]:8000/v1"]
+)
+def test_http_urls_are_accepted(url: str) -> None:
+    assert CrashOverride(base_url=url).handler().settings.base_url == url
+
+
+def test_finite_boundaries_are_accepted() -> None:
+    co = CrashOverride(concurrency_wait=0, breaker_cooldown=0.0, timeout=1e-3, breaker_window=10**6)
+    s = co.handler().settings
+    assert (s.concurrency_wait, s.breaker_cooldown, s.timeout) == (0.0, 0.0, 1e-3)
+    assert type(s.breaker_window) is float
