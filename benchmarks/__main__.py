@@ -21,6 +21,7 @@ MODULES = [
     "benchmarks.bench_asgi",
     "benchmarks.bench_original",
     "benchmarks.bench_faults",
+    "benchmarks.bench_first_recovery",
 ]
 
 

@@ -13,8 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import _clients
 from ._agent_tools import agent_tools
 from ._bridge import Dispatch
+from ._clients import Lease
 from ._report import ToolCallRecord, Usage
 from ._settings import Settings
 from ._state import RunState
@@ -71,6 +73,10 @@ def import_sdk() -> None:
     """Import the SDK (2-3 s the first time). Async callers use ``import_sdk_async``."""
     import agents  # noqa: F401
 
+    # What the first run would otherwise build on its loop (the SDK's trace exporter, our SSL
+    # context, openai's API modules), so ``awarm_up()`` leaves nothing heavy for the first failure.
+    _clients.prepare()
+
 
 def _sdk_ready() -> bool:
     module = sys.modules.get("agents")
@@ -90,8 +96,8 @@ async def import_sdk_async() -> None:
         await in_daemon_thread(import_sdk)
 
 
-def _build_model(settings: Settings, owned: list[Any]) -> Any:
-    """The model for this run; clients created here are appended to ``owned`` (to close)."""
+async def _build_model(settings: Settings, leases: list[Lease]) -> Any:
+    """The model for this run; cached clients it uses are appended to ``leases`` (to release)."""
     model = settings.model
     if model is not None and not isinstance(model, str):
         return model  # an SDK Model instance, e.g. agents.testing.ScriptedModel
@@ -104,15 +110,15 @@ def _build_model(settings: Settings, owned: list[Any]) -> Any:
     from agents.models.default_models import get_default_model
 
     if settings.openai_client_factory is not None:
+        # The user's client: called as before, and never closed by us.
         client = settings.openai_client_factory()
     else:
-        from openai import AsyncOpenAI
-
         # Local OpenAI-compatible servers usually ignore the key but the client requires one.
         key = settings.api_key or os.environ.get("OPENAI_API_KEY") or "unused"
-        # One retry for a transient error; the recovery's timeout bounds the rest.
-        client = AsyncOpenAI(api_key=key, base_url=settings.base_url, max_retries=1)
-        owned.append(client)
+        # Built off the loop and shared by the loop's recoveries: building one costs 100-600 ms.
+        lease = await _clients.lease(settings.base_url, key)
+        leases.append(lease)
+        client = lease.client
     name = model or get_default_model()
     if settings.base_url is not None:
         # Local servers (Ollama, vLLM, test mocks) speak chat completions, not Responses.
@@ -147,31 +153,40 @@ async def run_agent(job: AgentJob, dispatch: Dispatch) -> AgentRun:
     """Run the agent to its end; never raises except for cancellation."""
     run = AgentRun()
     try:
-        from agents import (
-            Agent,
-            MaxTurnsExceeded,
-            RunConfig,
-            Runner,
-            ToolsToFinalOutputResult,
-        )
+        from agents import ToolsToFinalOutputResult
     except ImportError as exc:
         run.failure = f"the Agents SDK is not importable: {exc}"
         return run
-    state, settings = job.state, job.settings
+    state = job.state
 
     def stop_when_ended(_: Any, __: Any) -> Any:
         return ToolsToFinalOutputResult(is_final_output=state.stopped, final_output=None)
 
-    owned: list[Any] = []
+    leases: list[Lease] = []
+    try:
+        return await _run(job, dispatch, run, leases, stop_when_ended)
+    finally:
+        # Whatever ended the run (cancellation included): cached clients go back to their
+        # loop's cache, and a client this run owns is closed before its loop can end.
+        await _close(leases)
+
+
+async def _run(
+    job: AgentJob, dispatch: Dispatch, run: AgentRun, leases: list[Lease], stop: Any
+) -> AgentRun:
+    from agents import Agent, MaxTurnsExceeded, RunConfig, Runner
+
+    settings, state = job.settings, job.state
+    await _clients.prepare_async()  # at once when the warm-up or the import did it
     try:
         agent_kwargs: dict[str, Any] = {
             "name": "crashoverride",
             "instructions": job.instructions,
             "tools": agent_tools(job, dispatch) + _job_tools(job) + _user_tools(settings),
             "mcp_servers": list(settings.mcp_servers),
-            "tool_use_behavior": stop_when_ended,
+            "tool_use_behavior": stop,
         }
-        model = _build_model(settings, owned)
+        model = await _build_model(settings, leases)
         if model is not None:
             agent_kwargs["model"] = model
         factory = settings.agent_factory
@@ -181,7 +196,6 @@ async def run_agent(job: AgentJob, dispatch: Dispatch) -> AgentRun:
         )
     except Exception as exc:
         run.failure = f"could not set up the agent: {type(exc).__name__}: {clip(str(exc), 300)}"
-        await _close(owned)
         return run
 
     result: Any = None
@@ -204,20 +218,14 @@ async def run_agent(job: AgentJob, dispatch: Dispatch) -> AgentRun:
         run.failure = f"{type(exc).__name__}: {clip(job.redact(str(exc)), 500)}"
         details = getattr(exc, "run_data", None)
         result = details if details is not None else None
-    finally:
-        # A client left open outlives its loop (temporary loops close right after the run).
-        await _close(owned)
     if result is not None:
         _collect(run, result)
     return run
 
 
-async def _close(clients: list[Any]) -> None:
-    for client in clients:
-        try:
-            await client.close()
-        except Exception:  # closing is best effort; the recovery's outcome is already decided
-            pass
+async def _close(leases: list[Lease]) -> None:
+    for lease in leases:
+        await lease.release()  # never raises: closing is best effort
 
 
 def _collect(run: AgentRun, result: Any) -> None:
