@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ._bridge import Dispatch, Job
 from ._report import ToolCallRecord
 from ._text import clip
-from ._tools import AgentExit, describe_result, format_tool_error
+from ._tools import AgentExit, AgentInterrupted, describe_result, format_tool_error
 
 if TYPE_CHECKING:
     from ._agent import AgentJob
@@ -64,6 +64,8 @@ def agent_tools(job: AgentJob, dispatch: Dispatch) -> list[Any]:
                     text, ok = describe_result(value, ws.take_output()), True
                 except AgentExit as exc:
                     state.aborted = str(exc)
+                    if isinstance(exc, AgentInterrupted):
+                        state.interrupted = exc.interrupt
                     text = f"{exc}; the recovery is over (a recovery never exits the process)."
                 except Exception as exc:
                     printed = ws.take_output()

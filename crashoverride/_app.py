@@ -171,7 +171,6 @@ class CrashOverride:
             handler._prompt = prompt
             handler._overrides = None
             handler._settings = None
-            handler._reports = None
             return handler
 
     def _limits(self) -> Limits:

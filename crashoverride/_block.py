@@ -1,16 +1,31 @@
-"""``Block``: how an integration describes what it protects to the recovery core."""
+"""``Block``: what an entry point protects, described once for the pipeline.
+
+Every entry point (``with``, decorator, task, request, follow-up) builds one. It says what the
+block is (for the agent and the events), which names the agent's namespace gets, how to tell
+that the block was recovered (the evidence), and how a single-flight waiter re-runs it.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
-from types import FrameType
+from types import FrameType, MappingProxyType
 from typing import Any
 
-from ._state import RunState
+from ._state import NO_RESULT, RunState
+from ._verdict import judge
+
+Check = Callable[[RunState], Any]
+
+NO_EVIDENCE_WITH = (
+    "no evidence of recovery: the agent set no variable of the block through caller[...] and "
+    "the handler has no postcondition"
+)
+NO_EVIDENCE_CALL = "the agent finished without set_result() or rerun()"
 
 
 class Block:
-    """What an integration protects.
+    """What an entry point protects.
 
     Args:
         kind: ``"with"``, ``"call"``, ``"request"``, ``"task"``... (for events and reports).
@@ -18,29 +33,21 @@ class Block:
         globals_: The globals agent code runs in.
         bindings: Extra names in the agent's namespace.
         brief: Extra text for the agent: what this block is and how to finish it.
-        check: Called in the owner context after the agent finished normally; returns None or
-            True when recovered, else False or a reason. May return an awaitable.
+        check: The evidence that the block was recovered, called in the owner's context after
+            the agent finished: None or True when recovered, else False or the reason (one
+            meaning, see ``_verdict``). May return an awaitable. Required: a block without
+            a check is never "recovered" (the model's last message is not evidence).
         replay: For single-flight waiters: re-run the block once after another recovery of the
             same failure succeeded. Returns the block's value (or an awaitable of it).
         fields: Extra structlog fields (e.g. request method and path).
         caller: A mapping to expose as ``caller`` instead of the frame's locals.
         returns: The block produces a value: bind ``set_result`` and ``rerun`` for the agent.
-        secrets: Values to mask in everything the recovery sends or records (e.g. the values
-            of an HTTP request's secret headers).
+        secrets: Values to mask in everything the recovery sends or records.
     """
 
     __slots__ = (
-        "bindings",
-        "brief",
-        "caller",
-        "check",
-        "fields",
-        "frame",
-        "globals",
-        "kind",
-        "replay",
-        "returns",
-        "secrets",
+        "bindings", "brief", "caller", "check", "fields", "frame", "globals", "kind", "replay",
+        "returns", "secrets",
     )  # fmt: skip
 
     def __init__(
@@ -49,9 +56,9 @@ class Block:
         kind: str,
         frame: FrameType | None,
         globals_: dict[str, Any],
+        check: Check | None,
         bindings: Mapping[str, Any] | None = None,
         brief: str = "",
-        check: Callable[[RunState], Any] | None = None,
         replay: Callable[[], Any] | None = None,
         fields: Mapping[str, Any] | None = None,
         caller: Mapping[str, Any] | None = None,
@@ -69,3 +76,129 @@ class Block:
         self.caller = caller
         self.returns = returns
         self.secrets = secrets
+
+    def release(self) -> None:
+        """Drop every reference into the failed code (frames, bound methods, arguments).
+
+        Bindings often hold bound methods of the integration object that holds this block; that
+        cycle would keep a request's frames and locals alive until a full garbage collection.
+        """
+        self.frame = None
+        self.caller = None
+        self.bindings = {}
+        self.check = None
+        self.replay = None
+        self.globals = {}
+
+
+# ------------------------------------------------------------------------------ with blocks
+
+
+def with_block(postcondition: Callable[..., Any] | None, frame: FrameType | None) -> Block:
+    """The block of a ``with`` / ``async with`` statement (``frame`` holds the statement)."""
+    from ._frames import CallerLocals
+    from ._prompt import WITH_BLOCK_BRIEF
+
+    caller = CallerLocals(frame) if frame is not None else None
+    return Block(
+        kind="with",
+        frame=frame,
+        globals_=frame.f_globals if frame is not None else {},
+        caller=caller,
+        brief=WITH_BLOCK_BRIEF,
+        check=functools.partial(_check_with, postcondition, caller),
+    )
+
+
+def _check_with(postcondition: Callable[..., Any] | None, caller: Any, _: RunState) -> Any:
+    if postcondition is not None:
+        return judge(lambda: postcondition(caller))
+    if caller is None or not caller.writes:
+        return NO_EVIDENCE_WITH
+    return None
+
+
+# ------------------------------------------------------------------------------ function calls
+
+
+def call_block(
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    exc: BaseException,
+    *,
+    postcondition: Callable[..., Any] | None = None,
+    kind: str = "call",
+    brief: str | None = None,
+    fields: Mapping[str, Any] | None = None,
+    bindings: Mapping[str, Any] | None = None,
+) -> Block:
+    """The block of one call of ``func``: the agent ends it with ``set_result`` or ``rerun``."""
+    from ._prompt import CALL_BRIEF
+
+    frame = _function_frame(exc, func)
+    name = getattr(func, "__qualname__", repr(func))
+    return Block(
+        kind=kind,
+        frame=frame,
+        globals_=getattr(func, "__globals__", None) or (frame.f_globals if frame else {}),
+        # The call has ended: its locals are for reading; the result is set explicitly.
+        caller=MappingProxyType(dict(frame.f_locals)) if frame is not None else None,
+        bindings={"args": args, "kwargs": kwargs, "function": func, **(bindings or {})},
+        brief=CALL_BRIEF.format(name=name) if brief is None else brief,
+        check=functools.partial(_check_call, postcondition, func, args, kwargs),
+        replay=functools.partial(func, *args, **kwargs),
+        returns=True,
+        fields={"function": name} if fields is None else fields,
+    )
+
+
+def _function_frame(exc: BaseException, func: Callable[..., Any]) -> Any:
+    """The called function's own frame in the traceback (wrappers' frames come first)."""
+    target = getattr(func, "__code__", None)
+    tb = exc.__traceback__
+    first_inner = tb.tb_next if tb is not None else None
+    while tb is not None:
+        if tb.tb_frame.f_code is target:
+            return tb.tb_frame
+        tb = tb.tb_next
+    return first_inner.tb_frame if first_inner is not None else None
+
+
+def result_view(value: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+    """What a call's postcondition receives."""
+    return MappingProxyType({"result": value, "args": args, "kwargs": kwargs or {}})
+
+
+def _check_call(
+    postcondition: Callable[..., Any] | None,
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    state: RunState,
+) -> Any:
+    def accept(value: Any) -> Any:
+        state.result = value
+        if postcondition is None:
+            return None
+        return judge(lambda: postcondition(result_view(value, args, kwargs)))
+
+    if state.rerun:
+        # The agent repaired the code and asked for the call to be made again, once.
+        return judge(lambda: _then(func(*args, **kwargs), accept), what="the re-run after repair")
+    if state.result is NO_RESULT:
+        return NO_EVIDENCE_CALL
+    return accept(state.result)
+
+
+def _then(value: Any, accept: Callable[[Any], Any]) -> Any:
+    if hasattr(value, "__await__"):
+        return _then_async(value, accept)
+    return accept(value)
+
+
+async def _then_async(awaitable: Any, accept: Callable[[Any], Any]) -> Any:
+    verdict = accept(await awaitable)
+    if hasattr(verdict, "__await__"):
+        verdict = await verdict
+    return verdict

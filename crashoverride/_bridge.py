@@ -1,14 +1,21 @@
-"""Where the agent runs, and how tool calls get back to the thread that owns the failed frame.
+"""Placements: where the pipeline and the agent run, and how agent code reaches the owner.
 
-The Agents SDK is asyncio-only, but tool code must run in the owner's thread (its frame, its
-contextvars, its event loop for top-level ``await``). Four placements:
+The Agents SDK is asyncio-only, but agent code (snippets, approvals, checks, replays) must run
+on the thread that owns the failed frame, with its context variables. One contract, three
+placements:
 
-* ``async with`` on asyncio: the agent runs on the application's loop; tool calls run inline.
-* ``async with`` on trio (or another anyio backend): the agent runs on an asyncio loop in a
-  worker thread; each tool call hops back to the owner's loop with ``anyio.from_thread``.
-* ``with`` and no loop running in this thread: a temporary asyncio loop in this thread.
-* ``with`` while a loop runs in this thread (sync code called from async code): the agent runs
-  on a worker thread's loop and the blocked owner thread executes the tool calls it is sent.
+* ``running-loop`` (``async with`` on asyncio): the pipeline runs in the caller's task; the agent
+  gets a task of its own on the same loop; agent code runs inline on the loop.
+* ``worker-thread-hop`` (``async with`` on trio or another anyio backend): the pipeline runs in
+  the caller's task; the agent runs on an asyncio loop in a worker thread; each piece of agent
+  code hops back to the owner's loop (``anyio.from_thread``).
+* ``owner-thread`` (``with`` and decorators of sync code, with or without a loop running in the
+  thread): the pipeline and the agent run on an asyncio loop in a worker thread while the owner
+  thread, blocked in the failed block, runs every piece of agent code it is sent. An awaitable
+  that agent code produces is driven in the owner thread on a private loop kept for the whole
+  recovery (the owner's own loop, if any, is blocked by the caller).
+
+Every placement bounds its waits by the recovery's one ``Deadline``.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import math
 import queue
 import sys
 import threading
@@ -28,17 +36,19 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
+from ._deadline import Deadline
+
 T = TypeVar("T")
 Job = Callable[[], Any]
 Dispatch = Callable[[Job], Awaitable[Any]]
 Session = Callable[[Dispatch], Coroutine[Any, Any, T]]
 
-# How long past the recovery deadline an owner waits for a stuck agent before leaving it. Keeps
-# the promise "the original exception is back within ``timeout`` + 1 s" with room to spare.
-GRACE = 0.5
 # How long an owner that stops waiting (deadline, interrupt) lets a cancelled agent thread wind
-# down before leaving it behind (it is a daemon thread and ends when its blocking call returns).
+# down before leaving it behind (a daemon thread; it ends when its blocking call returns).
 _JOIN = 0.1
+# Agent tasks left running past the deadline (stuck in a thread the SDK waits for): held here
+# until they end, so none is destroyed pending and every result is retrieved.
+_DETACHED: set[asyncio.Task[Any]] = set()
 
 
 def loop_running_here() -> bool:
@@ -59,19 +69,21 @@ def on_asyncio() -> bool:
     return asyncio.events._get_running_loop() is not None
 
 
-async def _run_job(job: Job) -> Any:
+def cancel_pending() -> bool:
+    """Whether the calling task is being cancelled (a failure raised during cancellation)."""
+    if anyio.current_effective_deadline() == -math.inf:
+        return True
+    if on_asyncio():
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+    return False
+
+
+async def run_job(job: Job) -> Any:
     value = job()
     if isawaitable(value):
         value = await value
     return value
-
-
-def placement_sync() -> str:
-    return "worker-thread-blocking" if loop_running_here() else "temporary-loop"
-
-
-def placement_async() -> str:
-    return "running-loop" if on_asyncio() else "worker-thread-hop"
 
 
 # ----------------------------------------------------------------------------------- waiting
@@ -104,6 +116,13 @@ async def wait_future(future: concurrent.futures.Future[Any]) -> None:
 
     future.add_done_callback(wake)
     await event.wait()
+
+
+async def wait_within(future: concurrent.futures.Future[Any], seconds: float) -> bool:
+    """``wait_future`` for at most ``seconds``; whether the future is done."""
+    with anyio.move_on_after(seconds):
+        await wait_future(future)
+    return future.done()
 
 
 async def in_daemon_thread(fn: Callable[[], T]) -> T:
@@ -139,6 +158,8 @@ class AgentThread:
     def __init__(self, main: Callable[[], Coroutine[Any, Any, Any]]) -> None:
         self.done: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._main = main
+        # The owner's context variables (structlog's bound fields, say) travel with the run.
+        self._context = contextvars.copy_context()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -150,7 +171,7 @@ class AgentThread:
 
     def _run(self) -> None:
         try:
-            value = asyncio.run(self._wrapped())
+            value = self._context.run(self._in_context)
         # Not swallowed: handed to the owner thread, which re-raises it there. An interrupt
         # raised by an application tool running here must reach the application as one.
         except (Exception, KeyboardInterrupt, SystemExit, asyncio.CancelledError) as exc:
@@ -160,6 +181,14 @@ class AgentThread:
         finally:
             if not self.done.done():
                 self.done.set_exception(RuntimeError("the agent thread ended without a result"))
+
+    def _in_context(self) -> Any:
+        # The copied context may say "trio" to sniffio (an ``async with`` on trio): this thread
+        # runs asyncio, and libraries asking sniffio (httpx, anyio) must hear that.
+        sniffio = sys.modules.get("sniffio")
+        if sniffio is not None:
+            sniffio.current_async_library_cvar.set(None)
+        return asyncio.run(self._wrapped())
 
     async def _wrapped(self) -> Any:
         with self._lock:
@@ -186,123 +215,185 @@ class AgentThread:
 # -------------------------------------------------------------------------------- placements
 
 
-def run_sync(session: Session[T], deadline: float) -> T:
-    """Run ``session`` from synchronous code; returns its result or raises what it raised."""
-    if not loop_running_here():
-        with asyncio.Runner() as runner:
-            # The SDK runs sync tools in the loop's default executor; closing the loop must
-            # not wait for one that blocks past the deadline (asyncio.Runner would, forever).
-            runner.get_loop().set_default_executor(_DetachedExecutor())
-            return runner.run(session(_run_job))
-    return _run_blocking_owner(session, deadline)
+class Placement:
+    """Where agent code runs (``call``) and how the SDK session is driven (``run_session``)."""
+
+    name = "running-loop"
+
+    async def call(self, job: Job) -> Any:
+        """Run ``job`` as the owner of the failed frame; await what it returns."""
+        return await run_job(job)
+
+    async def run_session(self, session: Session[T], dispatch: Dispatch, deadline: Deadline) -> T:
+        """Run the SDK session on an asyncio loop; ``dispatch`` sends agent code to ``call``."""
+        return await _in_own_task(session, dispatch, deadline)
 
 
-class _DetachedExecutor(concurrent.futures.ThreadPoolExecutor):
-    """A temporary loop's executor: shutting it down never waits for a running call."""
+async def _in_own_task(session: Session[T], dispatch: Dispatch, deadline: Deadline) -> T:
+    # The SDK handles cancellation of its tool tasks itself and may re-raise a fresh
+    # CancelledError, which would confuse the caller's cancel scopes (anyio's, TaskGroup's).
+    # So the agent gets its own task: when the caller is cancelled (the deadline's scope, the
+    # server), the agent task is cancelled and settled, and the caller's own cancellation
+    # propagates unchanged.
+    task = asyncio.get_running_loop().create_task(session(dispatch))
+    try:
+        await asyncio.wait([task])
+    finally:
+        if not task.done():
+            task.cancel()
+            with anyio.CancelScope(shield=True):
+                # Bounded: a tool blocked in a worker thread keeps the SDK waiting for it.
+                await asyncio.wait([task], timeout=max(0.05, deadline.hard - time.monotonic()))
+            if not task.done():
+                _DETACHED.add(task)
+                task.add_done_callback(_forget)
+    if task.cancelled():
+        raise RuntimeError("the agent run was cancelled from inside")
+    return task.result()
 
-    def __init__(self) -> None:
-        super().__init__(thread_name_prefix="crashoverride-tool")
 
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        super().shutdown(wait=False, cancel_futures=True)
+def _forget(task: asyncio.Task[Any]) -> None:
+    _DETACHED.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: never "exception was never retrieved"
 
 
-def _run_blocking_owner(session: Session[T], deadline: float) -> T:
-    jobs: queue.SimpleQueue[tuple[Job, concurrent.futures.Future[Any]] | None] = queue.SimpleQueue()
+class Hop(Placement):
+    """The agent on a worker thread's asyncio loop; agent code hops back to the owner's loop."""
 
-    async def dispatch(job: Job) -> Any:
+    name = "worker-thread-hop"
+
+    async def run_session(self, session: Session[T], dispatch: Dispatch, deadline: Deadline) -> T:
+        token = anyio.lowlevel.current_token()
+        context = contextvars.copy_context()
+        serial = threading.Lock()
+        # Scopes of agent code running on the owner's loop, so ending the recovery stops it.
+        active: set[anyio.CancelScope] = set()
+
+        async def guarded(job: Job) -> Any:
+            with anyio.CancelScope() as scope:
+                active.add(scope)
+                try:
+                    return await dispatch(lambda: context.run(job))
+                finally:
+                    active.discard(scope)
+            raise RuntimeError("the recovery was cancelled while this code ran")
+
+        def in_owner(job: Job) -> Any:
+            # Serialised so the one captured context is never entered twice at once.
+            with serial:
+                return anyio.from_thread.run(guarded, job, token=token)
+
+        async def hop(job: Job) -> Any:
+            return await asyncio.to_thread(in_owner, job)
+
+        worker = AgentThread(lambda: session(hop))
+        worker.start()
+        try:
+            await wait_future(worker.done)
+        finally:
+            if not worker.done.done():
+                worker.cancel()
+                for running in list(active):
+                    running.cancel()
+        return worker.done.result()  # type: ignore[no-any-return]
+
+
+def placement() -> Placement:
+    """The placement for an async entry point on the running backend."""
+    return Placement() if on_asyncio() else Hop()
+
+
+class OwnerThread(Placement):
+    """Sync entry points: the pipeline runs on a worker thread; the owner serves agent code."""
+
+    name = "owner-thread"
+
+    def __init__(self, jobs: queue.SimpleQueue[Any]) -> None:
+        self._jobs = jobs
+
+    async def call(self, job: Job) -> Any:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        jobs.put((job, future))
-        value = await asyncio.wrap_future(future)
-        # The owner's own loop is blocked by the caller, so awaitables finish on the agent loop.
-        if isawaitable(value):
-            value = await value
-        return value
+        self._jobs.put((job, future))
+        return await asyncio.wrap_future(future)
 
-    worker = AgentThread(lambda: session(dispatch))
+
+def drive(main: Callable[[Placement], Coroutine[Any, Any, T]], deadline: Deadline) -> T:
+    """Run the pipeline ``main`` from synchronous code; the calling thread serves agent code.
+
+    Raises ``TimeoutError`` when nothing finished by ``deadline.hard`` (a stuck agent is left
+    behind), and whatever ``main`` raised.
+    """
+    jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    worker = AgentThread(lambda: main(OwnerThread(jobs)))
     worker.done.add_done_callback(lambda _: jobs.put(None))
+    private = _PrivateLoop()
     worker.start()
     try:
         while True:
             try:
-                item = jobs.get(timeout=max(0.01, deadline + GRACE - time.monotonic()))
+                item = jobs.get(timeout=max(0.01, deadline.hard - time.monotonic()))
             except queue.Empty:
-                raise TimeoutError("the recovery did not finish within its timeout") from None
+                raise TimeoutError(deadline.message()) from None
             if item is None:
                 break
             job, future = item
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                future.set_result(job())
+                value = job()
+                if isawaitable(value):
+                    value = private.run(value, deadline)
+                future.set_result(value)
             except Exception as exc:
                 future.set_exception(exc)
     finally:
+        private.close()
         if not worker.done.done():
             worker.cancel()
             worker.join(_JOIN)
     return worker.done.result()  # type: ignore[no-any-return]
 
 
-async def run_async(session: Session[T], deadline: float) -> T:
-    """Run ``session`` from async code on any anyio backend."""
-    if on_asyncio():
-        return await _run_shielded(session, deadline)
-    return await _run_hopping(session, deadline)
+class _PrivateLoop:
+    """An asyncio loop in the owner thread for awaitables agent code produces there.
+
+    Kept for the whole recovery, so objects one snippet creates (a client session) still work
+    in the next. The owner's own loop, if one runs in this thread, is blocked by the caller;
+    it is hidden while the private loop runs and restored afterwards.
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, awaitable: Awaitable[T], deadline: Deadline) -> T:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        outer = asyncio.events._get_running_loop()
+        asyncio.events._set_running_loop(None)
+        try:
+            return self._loop.run_until_complete(_awaited(awaitable, deadline.at))
+        finally:
+            asyncio.events._set_running_loop(outer)
+
+    def close(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        outer = asyncio.events._get_running_loop()
+        asyncio.events._set_running_loop(None)
+        try:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=0.5))
+            loop.close()
+        finally:
+            asyncio.events._set_running_loop(outer)
 
 
-async def _run_shielded(session: Session[T], deadline: float) -> T:
-    # The SDK handles cancellation of its tool tasks itself and may re-raise a fresh
-    # CancelledError, which would confuse the caller's cancel scopes (anyio's, TaskGroup's).
-    # So the agent gets its own task: when the caller is cancelled, the agent task is
-    # cancelled too and the caller's own CancelledError propagates unchanged.
-    task = asyncio.get_running_loop().create_task(session(_run_job))
-    try:
-        # Bounded: after cancelling a tool that runs in a worker thread (a blocking sync
-        # tool), the SDK waits for that thread; the owner does not wait with it.
-        await asyncio.wait([task], timeout=max(0.0, deadline + GRACE - time.monotonic()))
-        if not task.done():
-            raise TimeoutError("the recovery did not finish within its timeout")
-        return task.result()
-    finally:
-        if not task.done():
-            task.cancel()
-
-
-async def _run_hopping(session: Session[T], deadline: float) -> T:
-    token = anyio.lowlevel.current_token()
-    context = contextvars.copy_context()
-    serial = threading.Lock()
-    # Scopes of agent code running on the owner's loop, so cancelling the recovery stops it.
-    active: set[anyio.CancelScope] = set()
-
-    async def guarded(job: Job) -> Any:
-        with anyio.CancelScope() as scope:
-            active.add(scope)
-            try:
-                return await _run_job(lambda: context.run(job))
-            finally:
-                active.discard(scope)
-        raise RuntimeError("the recovery was cancelled while this code ran")
-
-    def in_owner(job: Job) -> Any:
-        # Serialised so the one captured context is never entered twice at once.
-        with serial:
-            return anyio.from_thread.run(guarded, job, token=token)
-
-    async def dispatch(job: Job) -> Any:
-        return await asyncio.to_thread(in_owner, job)
-
-    worker = AgentThread(lambda: session(dispatch))
-    worker.start()
-    try:
-        with anyio.move_on_after(max(0.0, deadline + GRACE - time.monotonic())) as scope:
-            await wait_future(worker.done)
-        if scope.cancelled_caught:
-            raise TimeoutError("the recovery did not finish within its timeout")
-    finally:
-        if not worker.done.done():
-            worker.cancel()
-            for running in list(active):
-                running.cancel()
-    return worker.done.result()  # type: ignore[no-any-return]
+async def _awaited(awaitable: Awaitable[T], at: float) -> T:
+    # The private loop's clock is time.monotonic(), like the deadline's.
+    async with asyncio.timeout_at(at):
+        return await awaitable

@@ -26,10 +26,12 @@ def _locals_to_fast(frame: FrameType, clear: int = 0) -> None:
 class CallerLocals(MutableMapping[str, Any]):
     """A mutable mapping of a frame's locals whose writes are what the frame sees next."""
 
-    __slots__ = ("_frame",)
+    __slots__ = ("_frame", "writes")
 
     def __init__(self, frame: FrameType) -> None:
         self._frame: FrameType | None = frame
+        # Writes are the evidence that agent code set what the block was meant to produce.
+        self.writes = 0
 
     def release(self) -> None:
         """Drop the frame reference so the frame (and its locals) can be freed."""
@@ -50,6 +52,7 @@ class CallerLocals(MutableMapping[str, Any]):
 
     def __setitem__(self, name: str, value: Any) -> None:
         frame = self._live
+        self.writes += 1
         if _NATIVE_PROXY or self._is_module():
             frame.f_locals[name] = value
             return
@@ -59,6 +62,7 @@ class CallerLocals(MutableMapping[str, Any]):
 
     def __delitem__(self, name: str) -> None:
         frame = self._live
+        self.writes += 1
         if _NATIVE_PROXY and not self._is_module():
             # PEP 667 proxies refuse ``del`` of fast locals; unbinding is not something a
             # recovery needs, so say so instead of half-working.

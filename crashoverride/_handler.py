@@ -1,38 +1,47 @@
 """``Handler``: the ``with`` / ``async with`` / decorator front of a recovery.
 
 The happy path is the product: a block that does not raise costs two method calls and one
-``is None`` test. Everything else (settings derivation, the recovery machinery, structlog,
-asyncio, anyio, the SDK) is imported and built only when a matching exception arrives.
+``is None`` test. Everything else (settings derivation, the pipeline, structlog, asyncio, anyio,
+the SDK) is imported and built only when a matching exception arrives, and async entry points
+import it off the event loop.
 """
 
 from __future__ import annotations
 
-import _thread
 import functools
+import sys
+import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
-from types import MappingProxyType, TracebackType
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
     from ._app import CrashOverride
-    from ._block import Block
     from ._recovery import Decision
     from ._report import RecoveryReport
     from ._settings import Settings
-    from ._state import RunState
 
 F = TypeVar("F", bound=Callable[..., Any])
 _CO_COROUTINE = 0x80
-_VAR_LOCK = _thread.allocate_lock()
+_CO_GENERATOR = 0x20
+_CO_ASYNC_GENERATOR = 0x200
+_PIPELINE = "crashoverride._pipeline"
+
+# The latest report per handler, per context (task or thread). One variable for every handler,
+# holding a weak mapping replaced on write: a handler per loop iteration adds no context entry,
+# and a handler that is gone takes its report with it.
+_REPORTS: ContextVar[weakref.WeakKeyDictionary[Handler, RecoveryReport] | None] = ContextVar(
+    "crashoverride_reports", default=None
+)
 
 
 class Handler:
     """Protects a block or a function; see ``CrashOverride.handler``."""
 
-    __slots__ = ("__weakref__", "_app", "_overrides", "_prompt", "_reports", "_settings")
+    __slots__ = ("__weakref__", "_app", "_overrides", "_prompt", "_settings")
 
     def __init__(self, app: CrashOverride, prompt: str, overrides: dict[str, Any] | None) -> None:
         if type(prompt) is not str:
@@ -40,7 +49,6 @@ class Handler:
         self._app = app
         self._prompt = prompt
         self._overrides = overrides
-        self._reports: ContextVar[RecoveryReport | None] | None = None
         self._settings: Settings | None = None
         if overrides:
             # Validate now: bad input fails at construction, not at the first failure.
@@ -58,25 +66,48 @@ class Handler:
     @property
     def report(self) -> RecoveryReport | None:
         """The report of this handler's latest recovery in the current context (task/thread)."""
-        var = self._reports
-        return None if var is None else var.get()
+        reports = _REPORTS.get()
+        return None if reports is None else reports.get(self)
 
     def _store(self, report: RecoveryReport) -> None:
-        var = self._reports
-        if var is None:
-            with _VAR_LOCK:
-                var = self._reports
-                if var is None:
-                    var = self._reports = ContextVar("crashoverride_report", default=None)
-        var.set(report)
+        old = _REPORTS.get()
+        reports = weakref.WeakKeyDictionary(old) if old is not None else weakref.WeakKeyDictionary()
+        reports[self] = report
+        _REPORTS.set(reports)
 
-    def _apply(self, decision: Decision | None, exc: BaseException) -> bool:
+    def _settle(self, decision: Decision | None, exc: BaseException) -> bool:
+        """Act on the outcome: True to suppress ``exc``; raises what replaces it, if anything."""
         if decision is None:
             return False
-        self._store(decision.report)
-        if decision.replacement is not None:
-            raise decision.replacement from exc
-        return decision.suppress
+        if decision.report is not None:
+            self._store(decision.report)
+        return decision.settle(exc)
+
+    # -- the two ways in (the public contract wraps these; see ``crashoverride.integration``) --
+
+    def recover(self, exc: BaseException, block: Callable[[], Any]) -> Decision | None:
+        """Recover ``exc`` from sync code; ``block`` builds the Block. None: let it propagate."""
+        try:
+            from ._pipeline import recover_sync
+
+            built = block()
+        except Exception as problem:
+            _internal(exc, problem, self._app)
+            return None
+        return recover_sync(self._app, self.settings, exc, built)
+
+    async def arecover(self, exc: BaseException, block: Callable[[], Any]) -> Decision | None:
+        """Recover ``exc`` from async code on any anyio backend. None: let it propagate."""
+        try:
+            if _PIPELINE not in sys.modules:
+                await _load_off_loop()
+            from ._pipeline import recover_async
+
+            built = block()
+        except Exception as problem:
+            _internal(exc, problem, self._app)
+            return None
+        return await recover_async(self._app, self.settings, exc, built)
 
     # -- with / async with -----------------------------------------------------------------
 
@@ -94,10 +125,9 @@ class Handler:
         settings = self.settings
         if not isinstance(exc, settings.catch):
             return False
-        from ._flow import recover_sync
-
-        decision = recover_sync(settings, self._app._limits(), exc, self._block(settings, tb))
-        return self._apply(decision, exc)
+        # The first traceback entry is the frame that holds the ``with`` statement.
+        frame = tb.tb_frame if tb is not None else None
+        return self._settle(self.recover(exc, lambda: _with_block(settings, frame)), exc)
 
     async def __aenter__(self) -> Handler:
         return self
@@ -113,33 +143,9 @@ class Handler:
         settings = self.settings
         if not isinstance(exc, settings.catch):
             return False
-        from ._flow import recover_async
-
-        decision = await recover_async(
-            settings, self._app._limits(), exc, self._block(settings, tb)
-        )
-        return self._apply(decision, exc)
-
-    def _block(self, settings: Settings, tb: TracebackType | None) -> Block:
-        from ._block import Block
-        from ._frames import CallerLocals
-        from ._prompt import WITH_BLOCK_BRIEF
-
-        # The first traceback entry is the frame that holds the ``with`` statement.
         frame = tb.tb_frame if tb is not None else None
-        caller = CallerLocals(frame) if frame is not None else None
-        postcondition = settings.postcondition
-        check = None
-        if postcondition is not None:
-            check = functools.partial(_check_postcondition, postcondition, caller)
-        return Block(
-            kind="with",
-            frame=frame,
-            globals_=frame.f_globals if frame is not None else {},
-            caller=caller,
-            brief=WITH_BLOCK_BRIEF,
-            check=check,
-        )
+        decision = await self.arecover(exc, lambda: _with_block(settings, frame))
+        return self._settle(decision, exc)
 
     # -- decorator -------------------------------------------------------------------------
 
@@ -148,12 +154,22 @@ class Handler:
             raise ConfigurationError("func", f"expected a callable, got {type(func).__name__}")
         code = getattr(func, "__code__", None)
         if code is not None:
-            is_async = bool(code.co_flags & _CO_COROUTINE)
+            flags = code.co_flags
         else:
             import inspect
 
-            is_async = inspect.iscoroutinefunction(func)
-        return self._wrap_async(func) if is_async else self._wrap_sync(func)  # type: ignore[return-value]
+            flags = _CO_COROUTINE if inspect.iscoroutinefunction(func) else 0
+            if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+                flags = _CO_GENERATOR
+        if flags & (_CO_GENERATOR | _CO_ASYNC_GENERATOR):
+            raise ConfigurationError(
+                "func",
+                f"{getattr(func, '__qualname__', func)!r} is a generator function: its body "
+                "runs while it is iterated, after the decorator has returned, so the decorator "
+                "cannot protect it. Protect the code that iterates it with `with co.handler(...)`"
+                " (or `async with`), or decorate a regular function it calls.",
+            )
+        return self._wrap_async(func) if flags & _CO_COROUTINE else self._wrap_sync(func)  # type: ignore[return-value]
 
     def _wrap_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
         handler = self
@@ -166,14 +182,12 @@ class Handler:
                 settings = handler.settings
                 if not isinstance(exc, settings.catch):
                     raise
-                from ._flow import recover_sync
-
-                block = handler._call_block(settings, func, args, kwargs, exc)
-                decision = recover_sync(settings, handler._app._limits(), exc, block)
-                if not handler._apply(decision, exc):
+                build = functools.partial(_call_block, settings, func, args, kwargs, exc)
+                decision = handler.recover(exc, build)
+                if not handler._settle(decision, exc):
                     raise
                 assert decision is not None
-                return _call_value(decision)
+                return decision.value
 
         return protected
 
@@ -188,115 +202,80 @@ class Handler:
                 settings = handler.settings
                 if not isinstance(exc, settings.catch):
                     raise
-                from ._flow import recover_async
-
-                block = handler._call_block(settings, func, args, kwargs, exc)
-                decision = await recover_async(settings, handler._app._limits(), exc, block)
-                if not handler._apply(decision, exc):
+                build = functools.partial(_call_block, settings, func, args, kwargs, exc)
+                decision = await handler.arecover(exc, build)
+                if not handler._settle(decision, exc):
                     raise
                 assert decision is not None
-                return _call_value(decision)
+                return decision.value
 
         return protected
 
-    def _call_block(
-        self,
-        settings: Settings,
-        func: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        exc: BaseException,
-    ) -> Block:
-        from ._block import Block
-        from ._prompt import CALL_BRIEF
 
-        frame = _function_frame(exc, func)
-        name = getattr(func, "__qualname__", repr(func))
-        return Block(
-            kind="call",
-            frame=frame,
-            globals_=getattr(func, "__globals__", None) or (frame.f_globals if frame else {}),
-            # The call has ended: its locals are for reading; the result is set explicitly.
-            caller=MappingProxyType(dict(frame.f_locals)) if frame is not None else None,
-            bindings={"args": args, "kwargs": kwargs, "function": func},
-            brief=CALL_BRIEF.format(name=name),
-            check=functools.partial(_check_call, settings.postcondition, func, args, kwargs),
-            replay=functools.partial(func, *args, **kwargs),
-            returns=True,
-            fields={"function": name},
-        )
+def _with_block(settings: Settings, frame: Any) -> Any:
+    from ._block import with_block
+
+    return with_block(settings.postcondition, frame)
 
 
-def _function_frame(exc: BaseException, func: Callable[..., Any]) -> Any:
-    """The decorated function's own frame in the traceback (the wrapper's is first)."""
-    target = getattr(func, "__code__", None)
-    tb = exc.__traceback__
-    first_inner = tb.tb_next if tb is not None else None
-    while tb is not None:
-        if tb.tb_frame.f_code is target:
-            return tb.tb_frame
-        tb = tb.tb_next
-    return first_inner.tb_frame if first_inner is not None else None
-
-
-def _call_value(decision: Decision) -> Any:
-    if decision.replayed:
-        return decision.value
-    assert decision.state is not None
-    return decision.state.result
-
-
-def _verdict(value: Any) -> str | None:
-    return None if value else "the postcondition does not hold"
-
-
-def _check_postcondition(postcondition: Callable[..., Any], view: Any, _: RunState) -> Any:
-    value = postcondition(view)
-    if hasattr(value, "__await__"):
-        return _await_verdict(value)
-    return _verdict(value)
-
-
-async def _await_verdict(awaitable: Any) -> str | None:
-    return _verdict(await awaitable)
-
-
-def _check_call(
-    postcondition: Callable[..., Any] | None,
+def _call_block(
+    settings: Settings,
     func: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    state: RunState,
+    exc: BaseException,
 ) -> Any:
-    from ._state import NO_RESULT
+    from ._block import call_block
 
-    def judge(value: Any) -> Any:
-        state.result = value
-        if postcondition is None:
-            return None
-        return _check_postcondition(postcondition, MappingProxyType(
-            {"result": value, "args": args, "kwargs": kwargs}), state)  # fmt: skip
-
-    if state.rerun:
-        # The agent repaired the code and asked for the call to be made again, once.
-        try:
-            value = func(*args, **kwargs)
-        except Exception as again:
-            return f"the re-run after repair raised {type(again).__name__}: {again}"
-        if hasattr(value, "__await__"):
-            return _rerun_async(value, judge)
-        return judge(value)
-    if state.result is NO_RESULT:
-        return "the agent finished without set_result() or rerun()"
-    return judge(state.result)
+    return call_block(func, args, kwargs, exc, postcondition=settings.postcondition)
 
 
-async def _rerun_async(awaitable: Any, judge: Callable[[Any], Any]) -> Any:
+def _internal(exc: BaseException, problem: BaseException, app: object) -> None:
+    """crashoverride could not even start: say so on the user's exception, which propagates."""
+    from ._seen import mark, seen
+
+    if seen(exc, app):
+        return  # noted once already (a deep recursion fails at every level on its way out)
+    mark(exc, app)
     try:
-        value = await awaitable
-    except Exception as again:
-        return f"the re-run after repair raised {type(again).__name__}: {again}"
-    verdict = judge(value)
-    if hasattr(verdict, "__await__"):
-        verdict = await verdict
-    return verdict
+        exc.add_note(f"crashoverride: recovery not attempted, internal error: {problem!r}")
+    except Exception:  # pragma: no cover - an exception type that refuses notes
+        pass
+
+
+async def _load_off_loop() -> None:
+    """Import the pipeline (and structlog, anyio...) in a thread: the first failure of an async
+    application must not stall its event loop for the ~300 ms that import takes."""
+    import importlib
+    import threading
+
+    asyncio = sys.modules.get("asyncio")
+    loop = asyncio.events._get_running_loop() if asyncio is not None else None
+    if loop is not None:
+        future = loop.create_future()
+
+        def work() -> None:
+            try:
+                importlib.import_module(_PIPELINE)
+                error: BaseException | None = None
+            except BaseException as exc:  # handed to the loop below
+                error = exc
+            loop.call_soon_threadsafe(_settle_future, future, error)
+
+        threading.Thread(target=work, name="crashoverride-import", daemon=True).start()
+        await future
+        return
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        await trio.to_thread.run_sync(importlib.import_module, _PIPELINE)
+        return
+    importlib.import_module(_PIPELINE)
+
+
+def _settle_future(future: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

@@ -1,4 +1,6 @@
-"""structlog events of a recovery. The library emits; it never configures logging or structlog.
+"""Every structlog event name crashoverride emits, in one place.
+
+The library emits; it never configures logging or structlog.
 
 Event names follow ``noun.verb_past``. Emitting must never disturb a recovery, so a failing
 logging pipeline is contained here.
@@ -13,9 +15,22 @@ TOOL_CALLED = "recovery.tool_called"
 SUCCEEDED = "recovery.succeeded"
 FAILED = "recovery.failed"
 SKIPPED = "recovery.skipped"
+CANCELLED = "recovery.cancelled"
+REPLAY_FAILED = "recovery.replay_failed"
 LOOP_BLOCKED = "recovery.loop_blocked"
 CALLBACK_FAILED = "recovery.callback_failed"
 SOURCE_CHANGED = "recovery.source_changed"
+
+FOLLOWUP_SUBMITTED = "followup.submitted"
+FOLLOWUP_STARTED = "followup.started"
+FOLLOWUP_TOOL_CALLED = "followup.tool_called"
+FOLLOWUP_SUCCEEDED = "followup.succeeded"
+FOLLOWUP_FAILED = "followup.failed"
+
+BACKGROUND_SUBMITTED = "background.submitted"
+BACKGROUND_SUCCEEDED = "background.succeeded"
+BACKGROUND_FAILED = "background.failed"
+BACKGROUND_CANCELLED = "background.cancelled"
 
 
 def emit(level: str, event: str, **fields: Any) -> None:

@@ -1,39 +1,63 @@
-"""One recovery, from a caught exception to a decision: suppress, re-raise, or raise instead.
+"""The record of one recovery: identity, redaction, events, the report and the outcome.
 
-Integrations describe the protected block with a ``Block`` (what it is, extra names for the
-agent, what "recovered" means there, how to replay it) and call ``recover_sync`` or
-``recover_async``. Neither ever raises for a failure of its own: the user's exception wins.
+``_pipeline`` holds the algorithm and calls into this record at each step; everything here is
+bookkeeping that must happen exactly once whatever path the algorithm took (a decision, a
+time-out, a cancellation, an internal error): one terminal event, one note, the slot and the
+flight handed on, and every reference into the failed frame dropped.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from . import _log
 from ._block import Block
+from ._deadline import Deadline
 from ._limits import Flight, Limits
 from ._redact import Redactor
 from ._report import RecoveryReport, ToolCallRecord, Usage
 from ._settings import Settings
-from ._state import RunState
-from ._text import clip, describe_exception, format_traceback, summarize_locals
+from ._state import NO_RESULT, RunState
+from ._text import clip, describe_exception, format_traceback
 
 
 class Decision:
-    """The outcome the integration acts on."""
+    """The outcome an entry point acts on (public as ``crashoverride.integration.Outcome``).
 
-    __slots__ = ("replacement", "replayed", "report", "state", "suppress", "value")
+    Attributes:
+        report: The recovery's report (None when crashoverride failed internally).
+        recovered: Execution continues after the block (the exception is suppressed).
+        value: For blocks that produce a value: what the call returns.
+        replacement: An exception the agent chose to raise instead (``raise_instead``).
+        interrupt: A ``KeyboardInterrupt`` raised inside agent code, re-raised by ``settle``
+            once the recovery has cleaned up.
+    """
 
-    def __init__(self, report: RecoveryReport, *, suppress: bool) -> None:
+    __slots__ = ("interrupt", "recovered", "replacement", "report", "value")
+
+    def __init__(self, report: RecoveryReport | None, *, recovered: bool, value: Any = None):
         self.report = report
-        self.suppress = suppress
+        self.recovered = recovered
+        self.value = value
         self.replacement: BaseException | None = None
-        self.replayed = False
-        self.value: Any = None
-        self.state: RunState | None = None
+        self.interrupt: BaseException | None = None
+
+    def settle(self, exc: BaseException) -> bool:
+        """Raise what must be raised instead of ``exc``; else whether to suppress it."""
+        if self.interrupt is not None:
+            interrupt, self.interrupt = self.interrupt, None
+            # The user's exception stays reachable from the interrupt, as for any exception
+            # raised while another is handled.
+            interrupt.__context__ = exc
+            raise interrupt
+        if self.replacement is not None:
+            replacement, self.replacement = self.replacement, None
+            raise replacement from exc
+        return self.recovered
 
 
 def fingerprint(exc: BaseException) -> str:
@@ -48,14 +72,26 @@ def fingerprint(exc: BaseException) -> str:
     return f"{kind}@{code.co_filename}:{tb.tb_lineno}({code.co_qualname})"
 
 
-class Recovery:
-    """Shared bookkeeping of the sync and async flows (see ``_flow``)."""
+def add_note(exc: BaseException, note: str) -> None:
+    try:
+        exc.add_note(note)
+    except Exception:  # pragma: no cover - an exception type that refuses notes
+        pass
 
-    def __init__(self, settings: Settings, limits: Limits, exc: BaseException, block: Block):
+
+class Recovery:
+    """One recovery's bookkeeping; the steps themselves are in ``_pipeline``."""
+
+    coordinated = True  # admission, single-flight and slots apply
+
+    def __init__(
+        self, settings: Settings, limits: Limits, exc: BaseException, block: Block
+    ) -> None:
         self.settings = settings
         self.limits = limits
         self.exc: BaseException | None = exc
         self.block: Block | None = block
+        self.deadline = Deadline(settings.timeout)
         self.id = "rec_" + os.urandom(6).hex()
         self.fingerprint = fingerprint(exc)
         self.started_at = time.time()
@@ -75,127 +111,42 @@ class Recovery:
         self.workspace: Any = None
         self.editor: Any = None
         self.followups: Any = None
-
-    # -- events ----------------------------------------------------------------------------
-
-    def fields(self) -> dict[str, Any]:
-        block_fields = self.block.fields if self.block is not None else {}
-        return {
+        self.running = False  # an agent run started: the breaker learns its result
+        self.trial = 0  # a half-open breaker's trial this recovery holds (0: none)
+        self._lock = threading.Lock()
+        self._decision: Decision | None = None
+        self._fields = {
             "recovery_id": self.id,
             "fingerprint": self.fingerprint,
             "exc_type": self.exc_type,
             "handler": self.handler,
-            "model": self.settings.model_label,
-            **block_fields,
+            "model": settings.model_label,
+            **block.fields,
         }
+
+    # -- events ----------------------------------------------------------------------------
+
+    def fields(self) -> dict[str, Any]:
+        return dict(self._fields)
 
     def on_tool(self, record: ToolCallRecord) -> None:
         _log.emit(
             "info", _log.TOOL_CALLED, tool=record.tool, code=clip(record.code, 1_000),
             ok=record.ok, approved_by=record.approved_by, duration_ms=record.duration_ms,
-            **self.fields(),
+            **self._fields,
         )  # fmt: skip
 
-    # -- phases ----------------------------------------------------------------------------
-
-    def admission(self) -> str | None:
-        """A reason to skip this recovery without calling the model, or None."""
-        left = self.limits.breaker.check(self.fingerprint)
-        if left is not None:
-            return f"circuit breaker open for this failure ({left:.0f}s of cool-down left)"
-        return None
-
-    def join_flight(self) -> bool:
-        """Join single-flight; True when this recovery leads (runs the agent)."""
-        if not self.settings.single_flight:
-            return True
-        self.flight, self.leading = self.limits.flights.join(self.fingerprint)
-        return self.leading
-
     def prepare(self) -> Any:
-        """Build the workspace and texts; returns the AgentJob (runs in the owner thread)."""
-        from ._agent import AgentJob
-        from ._followup import FollowupSession
-        from ._frames import CallerLocals
-        from ._patching import rebind_everywhere, replace_function, show_source
-        from ._persist import SourceEditor
-        from ._prompt import build_input, build_instructions
-        from ._tools import Workspace
+        """Step 4, run in the owner's thread: the agent's namespace and texts."""
+        from ._prepare import prepare
 
-        block, exc, state = self.block, self.exc, self.state
-        assert block is not None and exc is not None
-        caller: Any = block.caller
-        if caller is None and block.frame is not None:
-            caller = CallerLocals(block.frame)
-        # Follow-ups the agent asks for are submitted when the recovery concludes.
-        self.followups = FollowupSession(self.settings, self.id)
-        self.editor = SourceEditor(
-            allowed=self.settings.allow_source_changes,
-            style=self.settings.source_changes,
-            recovery_id=self.id,
-            redact=self.redact,
-            fields=self.fields,
-        )
-        bindings = {
-            "replace_function": replace_function,
-            "rebind_everywhere": rebind_everywhere,
-            "show_source": show_source,
-            "persist_function": self.editor.persist_function,
-            "persist_file_edit": self.editor.persist_file_edit,
-            "error": exc,
-            "give_up": state.give_up,
-            "raise_instead": state.raise_instead,
-            "spawn_followup": self.followups.spawn,
-            **block.bindings,
-        }
-        if block.returns:
-            bindings["set_result"] = state.set_result
-            bindings["rerun"] = state.request_rerun
-        self.workspace = Workspace(globals_=block.globals, caller=caller, bindings=bindings)
-        shown: Mapping[str, Any] = caller if caller is not None else {}
-        location = "unknown"
-        if block.frame is not None:
-            code = block.frame.f_code
-            location = f"{code.co_qualname} in {code.co_filename}:{block.frame.f_lineno}"
-        settings = self.settings
-        check = block.check
-        deadline = time.monotonic() + settings.timeout
-        self.workspace.deadline = deadline
-        return AgentJob(
-            settings=settings,
-            instructions=self.redact(
-                build_instructions(
-                    settings.system_prompt,
-                    settings.project_prompt,
-                    settings.prompt,
-                    mode=settings.mode,
-                    persistence=settings.source_changes if settings.allow_source_changes else None,
-                )
-            ),
-            input_text=self.redact(
-                build_input(
-                    exception=self.exception_text,
-                    traceback_text=self.traceback_text,
-                    locals_summary=summarize_locals(shown, is_secret=self.redact.is_secret),
-                    block_brief=block.brief,
-                    location=location,
-                )
-            ),
-            workspace=self.workspace,
-            state=state,
-            check=(lambda: _checked(check, state)) if check is not None else None,
-            deadline=deadline,
-            redact=self.redact,
-            on_tool=self.on_tool,
-            tools=self.followups.tools() if settings.mode == "repair" else (),
-            mode=settings.mode,
-            approve=settings.approve,
-        )
+        return prepare(self)
 
     def started(self, placement: str) -> None:
-        _log.emit("info", _log.STARTED, placement=placement, **self.fields())
+        self.running = True
+        _log.emit("info", _log.STARTED, placement=placement, **self._fields)
 
-    # -- conclusions -----------------------------------------------------------------------
+    # -- the report ------------------------------------------------------------------------
 
     def _report(self, outcome: str, reason: str, via: str, run: Any = None) -> RecoveryReport:
         state = self.state
@@ -223,94 +174,120 @@ class Recovery:
             source_changes=tuple(self.editor.changes) if self.editor is not None else (),
         )  # fmt: skip
 
+    # -- conclusions (each ends the recovery; the first one wins) ---------------------------
+
     def skipped(self, reason: str) -> Decision:
-        report = self._report("skipped", reason, "none")
-        _log.emit("warning", _log.SKIPPED, reason=reason, **self.fields())
-        return self._finish(Decision(report, suppress=False))
+        return self._finish("skipped", reason, "none", None, _log.SKIPPED, "warning")
 
     def replayed(self, value: Any) -> Decision:
-        report = self._report("recovered", "replayed after a concurrent recovery", "replay")
-        _log.emit("info", _log.SUCCEEDED, via="replay", duration_ms=report.duration_ms,
-                  **self.fields())  # fmt: skip
-        decision = Decision(report, suppress=True)
-        decision.replayed, decision.value = True, value
-        return self._finish(decision)
+        reason = "replayed after a concurrent recovery"
+        return self._finish("recovered", reason, "replay", None, _log.SUCCEEDED, "info", value)
 
-    def concluded(self, run: Any, failure: str | None) -> Decision:
+    def timed_out(self, what: str = "") -> Decision:
+        reason = self.deadline.message(what)
+        return self._finish("failed", reason, "agent", None, _log.FAILED, "warning")
+
+    def cancelled(self, reason: str = "cancelled by the caller") -> None:
+        """The caller was cancelled: one terminal event, then the cancellation propagates."""
+        self.running = False  # says nothing about the failure: the breaker does not learn it
+        self._finish("failed", reason, "none", None, _log.CANCELLED, "warning")
+
+    def concluded(self, run: Any, verdict: str | None) -> Decision:
+        """The agent run ended (``run``); ``verdict`` is None when the block's check held."""
         state = self.state
-        if failure is None:
-            failure = run.failure if run is not None else "the agent did not run"
-        if state.replacement is not None:
+        failure = run.failure if run is not None else "the agent did not run"
+        if state.interrupted is not None:
+            failure = "agent code raised KeyboardInterrupt; it propagates"
+        elif state.replacement is not None:
             failure = f"the agent raised {type(state.replacement).__name__} instead"
         elif state.aborted is not None:
             failure = state.aborted
         elif state.gave_up is not None:
             failure = f"the agent gave up: {state.gave_up}"
-        elif self.settings.mode == "diagnose":
+        elif failure is None and self.settings.mode == "diagnose":
             # Diagnose mode never suppresses: the diagnosis travels with the original exception.
             diagnosis = run.final_output if run is not None and run.final_output else "(none)"
-            failure = failure or f"diagnose mode; diagnosis: {clip(diagnosis, 1_000)}"
-        recovered = failure is None
-        self.limits.breaker.record(self.fingerprint, recovered)
-        if recovered:
-            report = self._report(
-                "recovered", "the agent finished and the checks hold", "agent", run
-            )
-        else:
-            report = self._report("failed", failure or "", "agent", run)
-        _log.emit(
-            "info" if recovered else "warning",
-            _log.SUCCEEDED if recovered else _log.FAILED,
-            reason=report.reason, turns=report.turns, tool_calls=len(report.tool_calls),
-            input_tokens=report.usage.input_tokens, output_tokens=report.usage.output_tokens,
-            duration_ms=report.duration_ms, **self.fields(),
-        )  # fmt: skip
-        decision = Decision(report, suppress=recovered)
-        decision.replacement = state.replacement
-        decision.state = state
-        return self._finish(decision)
+            failure = f"diagnose mode; diagnosis: {clip(diagnosis, 1_000)}"
+        elif failure is None:
+            failure = verdict
+        if failure is None:
+            value = state.result if state.result is not NO_RESULT else None
+            reason = "the agent finished and the block's evidence holds"
+            return self._finish("recovered", reason, "agent", run, _log.SUCCEEDED, "info", value)
+        return self._finish("failed", failure, "agent", run, _log.FAILED, "warning")
 
-    def _finish(self, decision: Decision) -> Decision:
-        if self.flight is not None and self.leading:
-            self.limits.flights.land(self.flight, decision.suppress)
-            self.flight = None
-        if self.slot is not None:
-            self.limits.slots.release()
-            self.slot = None
-        report = decision.report
-        if not decision.suppress and self.exc is not None:
-            _add_note(
-                self.exc, f"crashoverride: recovery {self.id} {report.outcome}: {report.reason}"
-            )
+    def _finish(
+        self,
+        outcome: str,
+        reason: str,
+        via: str,
+        run: Any,
+        event: str,
+        level: str,
+        value: Any = None,
+    ) -> Decision:
+        with self._lock:
+            if self._decision is not None:
+                return self._decision
+            report = self._report(outcome, reason, via, run)
+            decision = self._decision = Decision(report, recovered=outcome == "recovered")
+        decision.value = value
+        state = self.state
+        if outcome != "recovered":
+            decision.replacement = state.replacement
+            decision.interrupt = state.interrupted
+        if self.running:
+            self.limits.breaker.record(self.fingerprint, decision.recovered)
+        elif self.trial:
+            self.limits.breaker.abandon(self.fingerprint, self.trial)
+        self._hand_on(decision.recovered)
+        _log.emit(
+            level, event, reason=report.reason, via=via, turns=report.turns,
+            tool_calls=len(report.tool_calls), input_tokens=report.usage.input_tokens,
+            output_tokens=report.usage.output_tokens, duration_ms=report.duration_ms,
+            **self._fields,
+        )  # fmt: skip
+        if not decision.recovered and self.exc is not None:
+            add_note(self.exc, f"crashoverride: recovery {self.id} {outcome}: {report.reason}")
         callback = self.settings.on_recovery
         if callback is not None:
             try:
                 callback(report)
             except Exception as exc:
-                _log.emit("error", _log.CALLBACK_FAILED, error=repr(exc), **self.fields())
-        if self.followups is not None:
-            self.followups.conclude(report)  # never raises; submits in the owner's context
-            self.followups = None
+                _log.emit("error", _log.CALLBACK_FAILED, error=self.redact(repr(exc)),
+                          **self._fields)  # fmt: skip
+        followups, self.followups = self.followups, None
+        if followups is not None:
+            followups.conclude(report)  # never raises
         self.release()
         return decision
 
-    def abandon(self) -> None:
-        """Hand on the flight and slot of a recovery that ended without a decision."""
-        if self.flight is not None and self.leading:
-            self.limits.flights.land(self.flight, False)
-            self.flight = None
-        if self.slot is not None:
+    def _hand_on(self, recovered: bool) -> None:
+        """Land the flight and free the slot; safe to call more than once, from any thread."""
+        with self._lock:
+            flight, self.flight = (self.flight, None) if self.leading else (None, self.flight)
+            slot, self.slot = self.slot, None
+        if flight is not None:
+            self.limits.flights.land(flight, recovered)
+        if slot is not None:
             self.limits.slots.release()
-            self.slot = None
+
+    def abandon(self) -> None:
+        """End a recovery that produced no decision (interrupted, cancelled, broken)."""
+        if self._decision is None and self.trial:
+            self.limits.breaker.abandon(self.fingerprint, self.trial)
+        self._hand_on(False)
         self.release()
 
     def release(self) -> None:
         """Drop frames, tracebacks and the exception: a server must not leak per recovery."""
-        if self.workspace is not None:
-            self.workspace.close()
-            self.workspace = None
+        workspace, self.workspace = self.workspace, None
+        if workspace is not None:
+            workspace.close()
+        block, self.block = self.block, None
+        if block is not None:
+            block.release()
         self.exc = None
-        self.block = None
 
 
 def _secret_values(block: Block, is_secret_name: Callable[[str], bool]) -> list[str]:
@@ -326,40 +303,8 @@ def _secret_values(block: Block, is_secret_name: Callable[[str], bool]) -> list[
     return found
 
 
-def _checked(check: Callable[[RunState], Any], state: RunState) -> Any:
-    try:
-        verdict = check(state)
-    except Exception as exc:
-        return f"the postcondition raised {type(exc).__name__}: {clip(str(exc), 300)}"
-    if hasattr(verdict, "__await__"):
-        return _await_checked(verdict)
-    return _verdict(verdict)
-
-
-async def _await_checked(awaitable: Any) -> Any:
-    try:
-        return _verdict(await awaitable)
-    except Exception as exc:
-        return f"the postcondition raised {type(exc).__name__}: {clip(str(exc), 300)}"
-
-
-def _verdict(value: Any) -> Any:
-    if value is None or value is True:
-        return None
-    if isinstance(value, str):
-        return value
-    return None if value else "the postcondition does not hold"
-
-
-def _add_note(exc: BaseException, note: str) -> None:
-    try:
-        exc.add_note(note)
-    except Exception:  # pragma: no cover - an exception type that refuses notes
-        pass
-
-
-def internal_failure(exc: BaseException, problem: Exception) -> None:
+def internal_failure(exc: BaseException, problem: BaseException) -> None:
     """A bug in crashoverride: say so on the user's exception, which then propagates."""
-    _add_note(exc, f"crashoverride: recovery not attempted, internal error: {problem!r}")
+    add_note(exc, f"crashoverride: recovery not attempted, internal error: {problem!r}")
     _log.emit("error", _log.FAILED, reason=f"internal error: {problem!r}",
               exc_type=type(exc).__qualname__)  # fmt: skip

@@ -17,13 +17,20 @@ class RunState:
         self.gave_up: str | None = None
         self.replacement: BaseException | None = None
         self.aborted: str | None = None
+        # A KeyboardInterrupt raised in agent code: the run ends, the entry point re-raises it.
+        self.interrupted: BaseException | None = None
         self.result: Any = NO_RESULT
         self.rerun = False
 
     @property
     def stopped(self) -> bool:
         """Whether the agent ended the run through a tool (no further model turn needed)."""
-        return self.gave_up is not None or self.replacement is not None or self.aborted is not None
+        return (
+            self.gave_up is not None
+            or self.replacement is not None
+            or self.aborted is not None
+            or self.interrupted is not None
+        )
 
     # Namespace helpers: plain functions the agent calls from exec_python.
 

@@ -31,16 +31,11 @@ from contextvars import Context
 from types import FrameType, MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from crashoverride._errors import ConfigurationError
+from crashoverride import ConfigurationError, integration
 from crashoverride.followups import TaskGroupRunner
 
 if TYPE_CHECKING:
-    from crashoverride import CrashOverride, Handler
-    from crashoverride._block import Block
-    from crashoverride._recovery import Decision
-    from crashoverride._report import RecoveryReport
-    from crashoverride._settings import Settings
-    from crashoverride._state import RunState
+    from crashoverride import CrashOverride, Handler, RecoveryReport
 
 __all__ = ["TaskGroupRunner", "TaskHandler", "task"]
 
@@ -138,28 +133,24 @@ async def _guarded(
             coro = func(*args, **kwargs)
         return await coro
     except Exception as exc:  # cancellation is a BaseException: never caught here
-        settings = handler.settings
-        if not isinstance(exc, settings.catch):
+        if not integration.catches(handler, exc):
             raise
-        from crashoverride._flow import recover_async
-
+        postcondition = handler.settings.postcondition
         if func is not None:
-            block = _call_block(handler, settings, func, args, kwargs, exc)
+            build = functools.partial(_call_block, postcondition, func, args, kwargs, exc)
         else:
             assert coro is not None
-            block = _coroutine_block(settings, coro, exc)
-        decision = await recover_async(settings, handler._app._limits(), exc, block)
-        if not handler._apply(decision, exc):
+            build = functools.partial(_coroutine_block, postcondition, coro, exc)
+        outcome = await integration.arecover(handler, exc, build)
+        if not integration.settle(handler, outcome, exc):
             raise
-        assert decision is not None
-        return _value(decision)
+        assert outcome is not None
+        return outcome.value
 
 
 def _task_fields(name: str) -> dict[str, Any]:
     fields: dict[str, Any] = {"task": name}
-    from crashoverride._bridge import on_asyncio
-
-    if on_asyncio():
+    if integration.on_asyncio():
         current = asyncio.current_task()
         if current is not None:
             fields["asyncio_task"] = current.get_name()
@@ -167,25 +158,22 @@ def _task_fields(name: str) -> dict[str, Any]:
 
 
 def _call_block(
-    handler: Handler,
-    settings: Settings,
+    postcondition: Callable[..., Any] | None,
     func: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     exc: BaseException,
-) -> Block:
-    # The decorator form of the core already builds a call block with set_result / rerun.
-    block = handler._call_block(settings, func, args, kwargs, exc)
+) -> integration.Block:
     name = getattr(func, "__qualname__", repr(func))
-    block.kind = "task"
-    block.brief = TASK_BRIEF.format(name=name)
-    block.fields = _task_fields(name)
-    return block
+    return integration.call_block(
+        func, args, kwargs, exc, postcondition=postcondition, kind="task",
+        brief=TASK_BRIEF.format(name=name), fields=_task_fields(name),
+    )  # fmt: skip
 
 
-def _coroutine_block(settings: Settings, coro: Awaitable[Any], exc: BaseException) -> Block:
-    from crashoverride._block import Block
-
+def _coroutine_block(
+    postcondition: Callable[..., Any] | None, coro: Awaitable[Any], exc: BaseException
+) -> integration.Block:
     frame = _coroutine_frame(exc, coro)
     name = getattr(coro, "__qualname__", type(coro).__qualname__)
     chosen: dict[str, Any] = {}
@@ -200,7 +188,15 @@ def _coroutine_block(settings: Settings, coro: Awaitable[Any], exc: BaseExceptio
             "rerun() is not available: a coroutine object runs only once; use set_result(value)"
         )
 
-    return Block(
+    def check(state: Any) -> Any:
+        if "value" not in chosen:
+            return "the agent finished without set_result()"
+        state.result = chosen["value"]
+        if postcondition is None:
+            return None
+        return integration.judge(lambda: postcondition(integration.result_view(state.result)))
+
+    return integration.Block(
         kind="task",
         frame=frame,
         globals_=frame.f_globals if frame is not None else {},
@@ -208,7 +204,7 @@ def _coroutine_block(settings: Settings, coro: Awaitable[Any], exc: BaseExceptio
         caller=MappingProxyType(dict(frame.f_locals)) if frame is not None else None,
         bindings={"set_result": set_result, "rerun": rerun, "coroutine": coro},
         brief=COROUTINE_BRIEF.format(name=name),
-        check=functools.partial(_check_chosen, settings.postcondition, chosen),
+        check=check,
         fields=_task_fields(name),
     )
 
@@ -221,23 +217,3 @@ def _coroutine_frame(exc: BaseException, coro: Awaitable[Any]) -> FrameType | No
             return tb.tb_frame
         tb = tb.tb_next
     return None
-
-
-def _check_chosen(
-    postcondition: Callable[..., Any] | None, chosen: dict[str, Any], state: RunState
-) -> Any:
-    from crashoverride._handler import _check_postcondition
-
-    if "value" not in chosen:
-        return "the agent finished without set_result()"
-    state.result = chosen["value"]
-    if postcondition is None:
-        return None
-    view = MappingProxyType({"result": state.result, "args": (), "kwargs": {}})
-    return _check_postcondition(postcondition, view, state)
-
-
-def _value(decision: Decision) -> Any:
-    from crashoverride._handler import _call_value
-
-    return _call_value(decision)

@@ -27,6 +27,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import inspect
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
@@ -34,11 +35,10 @@ from typing import TYPE_CHECKING, Any
 import celery
 from celery._state import _task_stack
 
-from crashoverride import followups
+from crashoverride import followups, integration
 
 if TYPE_CHECKING:
     from crashoverride import CrashOverride, Handler
-    from crashoverride._block import Block
     from crashoverride.followups import FollowupJob
 
 __all__ = ["FOLLOWUP_QUEUE", "FOLLOWUP_TASK", "CeleryRunner", "CrashOverrideTask", "install"]
@@ -118,24 +118,21 @@ class CrashOverrideTask(celery.Task):  # type: ignore[misc]
         expected = self.throws
         if expected and isinstance(exc, tuple(expected)):
             return False
-        return isinstance(exc, handler.settings.catch)
+        return integration.catches(handler, exc)
 
     def _protected(self, handler: Handler, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        from crashoverride._flow import recover_sync
-        from crashoverride._handler import _call_value
-
         request = _request_view(self)
         try:
             value = self.run(*args, **kwargs)
         except Exception as exc:
             if not self._recoverable(exc, handler):
                 raise
-            block = self._block(handler, args, kwargs, exc, request)
-            decision = recover_sync(handler.settings, handler._app._limits(), exc, block)
-            if not handler._apply(decision, exc):
+            build = functools.partial(self._block, handler, args, kwargs, exc, request)
+            outcome = integration.recover(handler, exc, build)
+            if not integration.settle(handler, outcome, exc):
                 raise
-            assert decision is not None
-            return _call_value(decision)
+            assert outcome is not None
+            return outcome.value
         if inspect.iscoroutine(value):
             return _run_coroutine(self._protected_async(handler, value, args, kwargs, request))
         return value
@@ -148,20 +145,17 @@ class CrashOverrideTask(celery.Task):  # type: ignore[misc]
         kwargs: dict[str, Any],
         request: dict[str, Any],
     ) -> Any:
-        from crashoverride._flow import recover_async
-        from crashoverride._handler import _call_value
-
         try:
             return await body
         except Exception as exc:
             if not self._recoverable(exc, handler):
                 raise
-            block = self._block(handler, args, kwargs, exc, request)
-            decision = await recover_async(handler.settings, handler._app._limits(), exc, block)
-            if not handler._apply(decision, exc):
+            build = functools.partial(self._block, handler, args, kwargs, exc, request)
+            outcome = await integration.arecover(handler, exc, build)
+            if not integration.settle(handler, outcome, exc):
                 raise
-            assert decision is not None
-            return _call_value(decision)
+            assert outcome is not None
+            return outcome.value
 
     def _block(
         self,
@@ -170,17 +164,17 @@ class CrashOverrideTask(celery.Task):  # type: ignore[misc]
         kwargs: dict[str, Any],
         exc: BaseException,
         request: dict[str, Any],
-    ) -> Block:
+    ) -> integration.Block:
         # ``autoretry_for`` replaces ``run`` with a wrapper; the body is the original one.
         body: Callable[..., Any] = self.__dict__.get("_orig_run") or self.run
-        block = handler._call_block(handler.settings, body, args, kwargs, exc)
-        block.kind = "celery_task"
-        block.bindings.update(request=request, task=self)
-        block.brief = CELERY_BRIEF.format(
-            name=self.name, id=request["id"], retries=request["retries"]
-        )
-        block.fields = {"task": self.name, "task_id": request["id"]}
-        return block
+        return integration.call_block(
+            body, args, kwargs, exc,
+            postcondition=handler.settings.postcondition,
+            kind="celery_task",
+            brief=CELERY_BRIEF.format(name=self.name, id=request["id"], retries=request["retries"]),
+            fields={"task": self.name, "task_id": request["id"]},
+            bindings={"request": request, "task": self},
+        )  # fmt: skip
 
 
 def _request_view(task: Any) -> dict[str, Any]:
@@ -205,9 +199,7 @@ def _request_view(task: Any) -> dict[str, Any]:
 
 
 def _run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
-    from crashoverride._bridge import loop_running_here
-
-    if not loop_running_here():
+    if not integration.loop_running_here():
         return asyncio.run(coro)
     # Called from code already running a loop (eager mode inside async code): a loop of its own.
     context = contextvars.copy_context()

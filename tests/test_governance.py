@@ -103,7 +103,7 @@ async def test_async_approve_runs_on_the_app_loop(anyio_backend: str) -> None:
 
 
 def test_without_approve_the_audit_says_so() -> None:
-    model = scripted(exec_step("pass"), done_step())
+    model = scripted(exec_step("caller['fixed'] = True"), done_step())
     handler = CrashOverride(model=model).handler()
     with handler:
         raise ValueError

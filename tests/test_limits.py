@@ -122,7 +122,7 @@ def test_breaker_opens_after_repeated_failures_and_skips_the_model() -> None:
 
 
 def test_breaker_half_opens_after_cool_down() -> None:
-    model = scripted(give_up_step("a"), exec_step("pass"), done_step())
+    model = scripted(give_up_step("a"), exec_step("caller['fixed'] = True"), done_step())
     co = CrashOverride(model=model, breaker_threshold=1, breaker_window=60, breaker_cooldown=0.2)
 
     def failing_block() -> None:
@@ -141,7 +141,10 @@ def test_breaker_half_opens_after_cool_down() -> None:
 
 def test_concurrency_limit_skips_when_no_slot_frees_in_time() -> None:
     gate = threading.Event()
-    model = scripted(exec_step("gate.wait(10)"), done_step(), exec_step("pass"), done_step())
+    model = scripted(
+        exec_step("gate.wait(10)\ncaller['fixed'] = True"), done_step(),
+        exec_step("caller['fixed'] = True"), done_step(),
+    )  # fmt: skip
     co = CrashOverride(
         model=model, max_concurrent_recoveries=1, concurrency_wait=0.2, single_flight=False
     )

@@ -177,11 +177,11 @@ def test_non_matching_exception_passes_untouched() -> None:
 
 
 def test_handler_catch_overrides_app_catch() -> None:
-    model = scripted(done_step())
+    model = scripted(exec_step("caller['fixed'] = True"), done_step())
     co = CrashOverride(model=model, catch=ValueError)
     with co.handler(catch=KeyError):
         fail()
-    assert len(model.calls) == 1
+    assert len(model.calls) == 2
 
 
 def test_internal_failure_never_replaces_the_users_exception(

@@ -37,7 +37,8 @@ def test_rebinding_the_module_attribute_misses_from_imports(modules: tuple[objec
         done_step(),
     )
     co = CrashOverride(model=model)
-    with co.handler():
+    repaired = lambda _: pricing.unit_price("apple") == 3  # type: ignore[attr-defined]  # noqa: E731
+    with co.handler(postcondition=repaired):
         raise ValueError("trigger")
     assert pricing.unit_price("apple") == 3  # type: ignore[attr-defined]
     with pytest.raises(KeyError):  # `from pricing import unit_price` still holds the old one
@@ -56,7 +57,8 @@ def test_replace_function_reaches_every_reference(modules: tuple[object, object]
         done_step(),
     )
     co = CrashOverride(model=model)
-    with co.handler():
+    repaired = lambda _: checkout.total("apple", 2) == 6  # type: ignore[attr-defined]  # noqa: E731
+    with co.handler(postcondition=repaired):
         raise ValueError("trigger")
     assert checkout.total("apple", 2) == 6  # type: ignore[attr-defined]
     assert held("apple") == 3  # even a reference taken before the repair

@@ -1,19 +1,10 @@
-"""Follow-up jobs: background agent runs a recovery asks for, and the runners that own them.
-
-A recovery agent calls ``spawn_followup(objective, context="")`` (a tool, and a function in its
-namespace); a handler declares ``followups=[...]`` objectives that run after every recovery that
-ran an agent. Each becomes a ``FollowupJob`` submitted when the recovery ends, to a runner chosen
-by where the code runs:
+"""Where follow-ups run: runners, and the one made current for a context.
 
 * ``TaskGroupRunner``: an anyio task group the application owns (its lifespan, ``main``).
-* ``ThreadRunner``: a supervised thread per job, joined with a bounded grace period at exit;
-  the process-wide default, so a follow-up is never a task nobody holds.
+* ``ThreadRunner``: a supervised daemon thread per job; the process-wide default.
 * ``SubprocessRunner``: a detached process, for work that must outlive this one.
-* ``crashoverride.integrations.celery.CeleryRunner``: the ``crashoverride.followup`` task.
 
-The runner is the handler's or application's ``followup_runner``, else the one made current with
-``using(runner)`` (integrations do this), else the default ``ThreadRunner``. Every job emits
-``followup.submitted``, ``followup.started`` and ``followup.succeeded`` / ``followup.failed``.
+Every runner waits for its jobs with ``join`` (bounded); see each class.
 """
 
 from __future__ import annotations
@@ -32,23 +23,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, Protocol, runtime_checkable
 
-from . import _log
-from ._followup import FAILED, FollowupJob, FollowupResult, render_report, run_job_sync
-
-__all__ = [
-    "FollowupJob",
-    "FollowupResult",
-    "FollowupRunner",
-    "JobRunner",
-    "SubprocessRunner",
-    "TaskGroupRunner",
-    "ThreadRunner",
-    "current_runner",
-    "default_runner",
-    "render_report",
-    "resolve_runner",
-    "using",
-]
+from .. import _log
+from ._job import FollowupJob
 
 
 @runtime_checkable
@@ -107,7 +83,7 @@ def resolve_runner(configured: Any = None) -> FollowupRunner | JobRunner:
 
 
 def _cut_off(name: str, runner: str, grace: float) -> None:
-    _log.emit("warning", FAILED, followup_id=name, runner=runner, cut_off=True,
+    _log.emit("warning", _log.FOLLOWUP_FAILED, followup_id=name, runner=runner, cut_off=True,
               reason=f"cut off: still running {grace:g}s after shutdown began")  # fmt: skip
 
 
@@ -148,7 +124,9 @@ class ThreadRunner:
         try:
             asyncio.run(main())
         except Exception as problem:  # the thread is ours: nothing above it to tell
-            _log.emit("error", FAILED, followup_id=name, reason=f"runner error: {problem!r}")
+            _log.emit(
+                "error", _log.FOLLOWUP_FAILED, followup_id=name, reason=f"runner error: {problem!r}"
+            )
         finally:
             with self._lock:
                 self._threads.pop(name, None)
@@ -295,7 +273,7 @@ class SubprocessRunner:
             if self.log_path is not None:
                 out = stack.enter_context(open(self.log_path, "ab"))
             proc = subprocess.Popen(
-                [self.python, "-m", "crashoverride._followup_main", self.app, path],
+                [self.python, "-m", "crashoverride.followups", self.app, path],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -323,8 +301,3 @@ class SubprocessRunner:
             except subprocess.TimeoutExpired:
                 codes[name] = None
         return codes
-
-
-def run_payload(payload: dict[str, Any], app: Any, *, runner: str) -> FollowupResult:
-    """Run a serialised follow-up with the ``CrashOverride`` ``app`` (Celery task, subprocess)."""
-    return run_job_sync(FollowupJob.from_payload(payload), app._settings, runner)

@@ -1,0 +1,239 @@
+"""The recovery algorithm, written once.
+
+    admit → single-flight → slot → prepare → agent run → verdict → outcome → release
+
+``run`` is the only implementation of these steps. Every entry point (``with``, ``async with``,
+decorators, asyncio and Celery tasks, ASGI requests) describes its unit of work as a ``Block``
+and calls ``recover_async`` or ``recover_sync``; the sync one drives the same coroutine through
+the ``owner-thread`` placement (see ``_bridge``). The recovery's one ``Deadline`` becomes one
+cancel scope around all the steps; nothing below restates the budget.
+
+Cancellation, KeyboardInterrupt and SystemExit are never caught here: they propagate, after one
+terminal event. Any other failure of ours ends with the user's exception re-raised and a note.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections.abc import Awaitable, Callable
+from inspect import isawaitable
+from typing import Any
+
+import anyio
+import structlog  # noqa: F401  (loaded with the pipeline, off the loop: see _handler)
+
+from . import _agent, _bridge, _log
+from ._block import Block
+from ._bridge import Dispatch, Job, Placement
+from ._recovery import Decision, Recovery, internal_failure
+from ._seen import mark, seen
+from ._settings import Settings
+from ._tools import AgentInterrupted
+
+_LEADER_LOST = "the concurrent recovery of this failure did not recover it"
+_OVERLOADED = "too many recoveries at once (max_concurrent_recoveries)"
+# The recoveries whose agent code is running in this context: a failure raised there is part
+# of that recovery's work (a verification call, say) and never starts or waits for another.
+_INSIDE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "crashoverride_inside", default=None
+)
+
+
+def inside(recovery_id: str, job: Job, *, agent_code: bool = False) -> Job:
+    """``job`` marked as part of recovery ``recovery_id`` while it runs (its awaitable too).
+
+    For ``agent_code``, a ``KeyboardInterrupt`` it raises ends the run as ``AgentInterrupted``
+    and is re-raised by the entry point once the recovery has cleaned up: raised inside an
+    SDK task, it would otherwise tear the event loop down mid-recovery and lose the user's
+    exception.
+    """
+
+    def marked() -> Any:
+        token = _INSIDE.set(recovery_id)
+        try:
+            value = job()
+        except KeyboardInterrupt as interrupt:
+            if not agent_code:
+                raise
+            raise AgentInterrupted(interrupt) from None
+        finally:
+            _INSIDE.reset(token)
+        return _marked_async(recovery_id, value, agent_code) if isawaitable(value) else value
+
+    return marked
+
+
+async def _marked_async(recovery_id: str, awaitable: Awaitable[Any], agent_code: bool) -> Any:
+    token = _INSIDE.set(recovery_id)
+    try:
+        return await awaitable
+    except KeyboardInterrupt as interrupt:
+        if not agent_code:
+            raise
+        raise AgentInterrupted(interrupt) from None
+    finally:
+        _INSIDE.reset(token)
+
+
+async def run(rec: Any, place: Placement) -> Any:
+    """All the steps, under the record's one deadline; returns the record's conclusion.
+
+    ``rec`` is a ``Recovery`` (``_recovery``) or a follow-up's record (``followups._run``):
+    the same steps, minus the coordination a follow-up does not take part in.
+    """
+    deadline = rec.deadline
+
+    def call(job: Job) -> Awaitable[Any]:
+        return place.call(inside(rec.id, job))
+
+    with anyio.CancelScope(deadline=deadline.backend_deadline()) as scope:
+        conclusion = await _steps(rec, place, call)
+    if scope.cancelled_caught:
+        what = "" if rec.running else "waiting for a concurrent recovery or a free slot"
+        return rec.timed_out(what)
+    return conclusion
+
+
+async def _steps(rec: Any, place: Placement, call: Dispatch) -> Any:
+    if rec.coordinated:
+        refused = await _coordinate(rec, call)
+        if refused is not None:
+            return refused
+    # 4. prepare (in the owner's thread: its frame, its context)
+    if place.name == "running-loop":
+        try:
+            await _agent.import_sdk_async()  # seconds, the first time: never on an app's loop
+        except ImportError:
+            pass  # the agent run reports it, as it does on every other placement
+    job = await call(rec.prepare)
+    rec.started(place.name)
+
+    # 5. the agent run; its code runs as the owner, through the placement
+    def agent_call(job_: Job) -> Awaitable[Any]:
+        return place.call(inside(rec.id, job_, agent_code=True))
+
+    run_ = await place.run_session(lambda dispatch: _agent.run_agent(job, dispatch), agent_call,
+                                   rec.deadline)  # fmt: skip
+    # 6. verdict: the block's evidence, judged in the owner's context
+    verdict: str | None = None
+    check = rec.block.check if rec.block is not None else None
+    if run_.failure is None and not rec.state.stopped and rec.settings.mode == "repair":
+        verdict = (
+            "the block has no check" if check is None else await call(lambda: _judged(check, rec))
+        )
+    # 7. outcome (and release: the record drops every reference into the failed code)
+    return rec.concluded(run_, verdict)
+
+
+async def _coordinate(rec: Recovery, call: Dispatch) -> Decision | None:
+    """Steps 1-3: admission, single-flight and a slot. A decision means: no agent run here."""
+    settings, limits = rec.settings, rec.limits
+    # 1. admit
+    within = _INSIDE.get()
+    if within is not None:
+        return rec.skipped(f"raised by agent code of recovery {within}, which it is part of")
+    admission = limits.breaker.admit(rec.fingerprint)
+    if admission.skip is not None:
+        return rec.skipped(admission.skip)
+    rec.trial = admission.trial  # handed back by the record unless an agent run reports
+    # 2. single-flight: one agent run per fingerprint; the others wait for its whole life
+    if settings.single_flight:
+        rec.flight, rec.leading = limits.flights.join(rec.fingerprint)
+        if not rec.leading:
+            assert rec.flight is not None
+            began = time.monotonic()
+            await _bridge.wait_future(rec.flight.done)
+            rec.waited += time.monotonic() - began
+            if not rec.flight.done.result():
+                return rec.skipped(_LEADER_LOST)
+            replay = rec.block.replay if rec.block is not None else None
+            if replay is not None:
+                try:
+                    value = await call(replay)
+                except Exception as again:
+                    _log.emit("info", _log.REPLAY_FAILED, error=rec.redact(repr(again)),
+                              **rec.fields())  # fmt: skip
+                else:
+                    return rec.replayed(value)
+    # 3. slot
+    slot = limits.slots.acquire()
+    began = time.monotonic()
+    acquired = False
+    try:
+        acquired = await _bridge.wait_within(slot, settings.concurrency_wait)
+    finally:
+        if acquired:
+            rec.slot = slot
+        else:  # timed out, cancelled or interrupted: hand the slot on if it was just granted
+            limits.slots.abandon(slot)
+    rec.waited += time.monotonic() - began
+    return None if acquired else rec.skipped(_OVERLOADED)
+
+
+def _judged(check: Callable[..., Any], rec: Recovery) -> Any:
+    from ._verdict import judge
+
+    return judge(lambda: check(rec.state), what="the block's check")
+
+
+# ------------------------------------------------------------------------------- entry points
+
+
+def _begin(app: Any, settings: Settings, exc: BaseException, block: Block) -> Recovery | None:
+    if seen(exc, app):
+        return None  # already through a recovery of this CrashOverride: let it pass, unchanged
+    mark(exc, app)
+    try:
+        return Recovery(settings, app._limits(), exc, block)
+    except Exception as problem:
+        internal_failure(exc, problem)
+        return None
+
+
+async def recover_async(
+    app: Any, settings: Settings, exc: BaseException, block: Block
+) -> Decision | None:
+    """Recover from async code on any anyio backend. None: let ``exc`` propagate as it is."""
+    try:
+        if _bridge.cancel_pending():
+            return None  # a failure raised while being cancelled: the cancellation goes on
+    except Exception as problem:
+        internal_failure(exc, problem)
+        return None
+    rec = _begin(app, settings, exc, block)
+    if rec is None:
+        return None
+    try:
+        with _log.bound(recovery_id=rec.id, fingerprint=rec.fingerprint):
+            decision: Decision = await run(rec, _bridge.placement())
+            return decision
+    except anyio.get_cancelled_exc_class():
+        rec.cancelled()
+        raise
+    except Exception as problem:
+        internal_failure(exc, problem)
+        return None
+    finally:
+        rec.abandon()  # a no-op after a decision; hands on the flight and slot otherwise
+
+
+def recover_sync(app: Any, settings: Settings, exc: BaseException, block: Block) -> Decision | None:
+    """Recover from synchronous code. None: let ``exc`` propagate as it is."""
+    rec = _begin(app, settings, exc, block)
+    if rec is None:
+        return None
+    try:
+        with _log.bound(recovery_id=rec.id, fingerprint=rec.fingerprint):
+            decision: Decision = _bridge.drive(lambda place: run(rec, place), rec.deadline)
+            return decision
+    except TimeoutError:
+        return rec.timed_out()  # the agent ignored the deadline; it was left behind
+    except Exception as problem:
+        internal_failure(exc, problem)
+        return None
+    except BaseException:
+        rec.cancelled("interrupted")
+        raise
+    finally:
+        rec.abandon()

@@ -1,0 +1,89 @@
+"""Step 4 of the pipeline: the agent's namespace, instructions and input for one recovery.
+
+Runs in the owner's thread (the failed frame's thread, with its context variables), so that the
+follow-up runner in effect there is the one follow-ups go to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ._agent import AgentJob
+from ._frames import CallerLocals
+from ._patching import rebind_everywhere, replace_function, show_source
+from ._persist import SourceEditor
+from ._prompt import build_input, build_instructions
+from ._text import summarize_locals
+from ._tools import Workspace
+from .followups._session import FollowupSession
+
+if TYPE_CHECKING:
+    from ._recovery import Recovery
+
+
+def prepare(rec: Recovery) -> AgentJob:
+    block, exc, state, settings = rec.block, rec.exc, rec.state, rec.settings
+    assert block is not None and exc is not None
+    caller: Any = block.caller
+    if caller is None and block.frame is not None:
+        caller = CallerLocals(block.frame)
+    # Follow-ups the agent asks for are submitted when the recovery concludes.
+    rec.followups = FollowupSession(settings, rec.id)
+    rec.editor = SourceEditor(
+        allowed=settings.allow_source_changes,
+        style=settings.source_changes,
+        recovery_id=rec.id,
+        redact=rec.redact,
+        fields=rec.fields,
+    )
+    bindings = {
+        "replace_function": replace_function,
+        "rebind_everywhere": rebind_everywhere,
+        "show_source": show_source,
+        "persist_function": rec.editor.persist_function,
+        "persist_file_edit": rec.editor.persist_file_edit,
+        "error": exc,
+        "give_up": state.give_up,
+        "raise_instead": state.raise_instead,
+        "spawn_followup": rec.followups.spawn,
+        **block.bindings,
+    }
+    if block.returns:
+        bindings["set_result"] = state.set_result
+        bindings["rerun"] = state.request_rerun
+    rec.workspace = Workspace(globals_=block.globals, caller=caller, bindings=bindings)
+    rec.workspace.deadline = rec.deadline.at
+    shown: Mapping[str, Any] = caller if caller is not None else {}
+    location = "unknown"
+    if block.frame is not None:
+        code = block.frame.f_code
+        location = f"{code.co_qualname} in {code.co_filename}:{block.frame.f_lineno}"
+    instructions = build_instructions(
+        settings.system_prompt,
+        settings.project_prompt,
+        settings.prompt,
+        mode=settings.mode,
+        persistence=settings.source_changes if settings.allow_source_changes else None,
+    )
+    text = build_input(
+        exception=rec.exception_text,
+        traceback_text=rec.traceback_text,
+        locals_summary=summarize_locals(shown, is_secret=rec.redact.is_secret),
+        block_brief=block.brief,
+        location=location,
+    )
+    return AgentJob(
+        settings=settings,
+        instructions=rec.redact(instructions),
+        input_text=rec.redact(text),
+        workspace=rec.workspace,
+        state=state,
+        check=None,  # the pipeline judges the block's evidence itself, after the run
+        deadline=rec.deadline.at,
+        redact=rec.redact,
+        on_tool=rec.on_tool,
+        tools=rec.followups.tools() if settings.mode == "repair" else (),
+        mode=settings.mode,
+        approve=settings.approve,
+    )
