@@ -61,3 +61,13 @@ def test_fastapi_example_answers_with_respond() -> None:
         f"GET /convert?amount=10&currency=EUR -> 200 {eur}",
     ]
     assert out.count("recovery.started") == 1  # the refreshed cache served the second request
+
+
+def test_queue_consumer_integration_written_against_the_public_contract() -> None:
+    out = _run(EXAMPLES / "queue_consumer.py")
+    assert "the model is scripted" in out
+    assert "recoveries: 1" in out
+    assert "order 2: 2 item(s) for user2@example.com" in out
+    assert "order 3: 3 item(s) for user3@example.com" in out
+    source = (EXAMPLES / "queue_consumer.py").read_text()
+    assert "crashoverride._" not in source  # only the public contract
