@@ -6,10 +6,10 @@ It runs on whichever asyncio loop the bridge chose; tool code goes back through 
 
 from __future__ import annotations
 
-import asyncio
+import concurrent.futures
 import os
 import sys
-import time
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -84,16 +84,43 @@ def _sdk_ready() -> bool:
     return module is not None and not getattr(module.__spec__, "_initializing", False)
 
 
+_IMPORT_LOCK = threading.Lock()
+_importing: concurrent.futures.Future[None] | None = None
+
+
 async def import_sdk_async() -> None:
     """Import the SDK off the event loop, once; later calls cost nothing.
 
+    Concurrent first failures share one import thread (a burst must not start hundreds).
     Skipping the thread when the SDK is loaded also matters at interpreter shutdown, when
     Python refuses to start new threads (a follow-up finishing during exit).
     """
-    if not _sdk_ready():
-        from ._bridge import in_daemon_thread
+    global _importing
+    if _sdk_ready():
+        return
+    with _IMPORT_LOCK:
+        future = _importing
+        if future is None or (future.done() and future.exception() is not None):
+            future = _importing = concurrent.futures.Future()
+            threading.Thread(
+                target=_import_into, args=(future,), name="crashoverride-import", daemon=True
+            ).start()
+    from ._bridge import wait_future
 
-        await in_daemon_thread(import_sdk)
+    await wait_future(future)
+    future.result()
+
+
+def _import_into(future: concurrent.futures.Future[None]) -> None:
+    try:
+        import_sdk()
+    except Exception as exc:  # handed to every waiter, which re-raises it
+        future.set_exception(exc)
+    else:
+        future.set_result(None)
+    finally:
+        if not future.done():  # an interrupt in this thread: never leave the waiters hanging
+            future.set_exception(RuntimeError("the SDK import was interrupted"))
 
 
 async def _build_model(settings: Settings, leases: list[Lease]) -> Any:
@@ -176,7 +203,7 @@ async def _run(
 ) -> AgentRun:
     from agents import Agent, MaxTurnsExceeded, RunConfig, Runner
 
-    settings, state = job.settings, job.state
+    settings = job.settings
     await _clients.prepare_async()  # at once when the warm-up or the import did it
     try:
         agent_kwargs: dict[str, Any] = {
@@ -200,16 +227,11 @@ async def _run(
 
     result: Any = None
     try:
-        async with asyncio.timeout(max(0.0, job.deadline - time.monotonic())):
-            result = await Runner.run(
-                agent, job.input_text, max_turns=settings.max_turns, run_config=config
-            )
-            if not state.stopped and job.check is not None and job.mode == "repair":
-                verdict = await dispatch(job.check)
-                if verdict is False or isinstance(verdict, str):
-                    run.failure = verdict or "the postcondition does not hold"
-    except TimeoutError:
-        run.failure = f"timed out after {settings.timeout:g}s"
+        # No deadline of its own: the pipeline's one cancel scope ends the run at the deadline,
+        # and the pipeline judges the block's evidence afterwards.
+        result = await Runner.run(
+            agent, job.input_text, max_turns=settings.max_turns, run_config=config
+        )
     except MaxTurnsExceeded:
         run.failure = f"max_turns ({settings.max_turns}) exceeded"
     except AgentExit as exc:
