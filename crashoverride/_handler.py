@@ -183,7 +183,11 @@ class Handler:
                 if not isinstance(exc, settings.catch):
                     raise
                 build = functools.partial(_call_block, settings, func, args, kwargs, exc)
-                decision = handler.recover(exc, build)
+                try:
+                    decision = handler.recover(exc, build)
+                finally:
+                    del build  # it holds the exception, whose traceback holds this frame
+
                 if not handler._settle(decision, exc):
                     raise
                 assert decision is not None
@@ -203,7 +207,11 @@ class Handler:
                 if not isinstance(exc, settings.catch):
                     raise
                 build = functools.partial(_call_block, settings, func, args, kwargs, exc)
-                decision = await handler.arecover(exc, build)
+                try:
+                    decision = await handler.arecover(exc, build)
+                finally:
+                    del build  # it holds the exception, whose traceback holds this frame
+
                 if not handler._settle(decision, exc):
                     raise
                 assert decision is not None

@@ -223,6 +223,9 @@ def recover_sync(app: Any, settings: Settings, exc: BaseException, block: Block)
     rec = _begin(app, settings, exc, block)
     if rec is None:
         return None
+    # Sync code called from async code: its loop is blocked until the recovery ends. Said once.
+    blocking = _bridge.loop_running_here()
+    began = time.monotonic()
     try:
         with _log.bound(recovery_id=rec.id, fingerprint=rec.fingerprint):
             decision: Decision = _bridge.drive(lambda place: run(rec, place), rec.deadline)
@@ -237,3 +240,6 @@ def recover_sync(app: Any, settings: Settings, exc: BaseException, block: Block)
         raise
     finally:
         rec.abandon()
+        if blocking:
+            blocked_ms = round((time.monotonic() - began) * 1000, 3)
+            _log.emit("warning", _log.LOOP_BLOCKED, blocked_ms=blocked_ms, **rec.fields())

@@ -10,9 +10,8 @@ the package's public names; a new integration (Django, arq, a queue consumer) is
     except Exception as exc:
         if not integration.catches(handler, exc):
             raise
-        outcome = await integration.arecover(
-            handler, exc, lambda: integration.call_block(handle, (message,), {}, exc,
-                                                         kind="message")
+        outcome = await integration.arecover(  # described lazily, never kept in a local
+            handler, exc, functools.partial(integration.call_block, handle, (message,), {}, exc)
         )
         if not integration.settle(handler, outcome, exc):
             raise  # the original exception, untouched but for a note saying why

@@ -40,8 +40,11 @@ class ProtectedConsumer:
         except Exception as exc:
             if not integration.catches(self.handler, exc):
                 raise
-            describe = functools.partial(self._block, message, exc)
-            outcome = await integration.arecover(self.handler, exc, describe)
+            # The description is built lazily (a failure there must not replace ``exc``) and is
+            # not kept in a local: it holds ``exc``, whose traceback holds this frame.
+            outcome = await integration.arecover(
+                self.handler, exc, functools.partial(self._block, message, exc)
+            )
             if not integration.settle(self.handler, outcome, exc):
                 raise  # the original exception, with a note saying why
             assert outcome is not None

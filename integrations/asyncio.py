@@ -136,12 +136,14 @@ async def _guarded(
         if not integration.catches(handler, exc):
             raise
         postcondition = handler.settings.postcondition
-        if func is not None:
-            build = functools.partial(_call_block, postcondition, func, args, kwargs, exc)
-        else:
-            assert coro is not None
-            build = functools.partial(_coroutine_block, postcondition, coro, exc)
-        outcome = await integration.arecover(handler, exc, build)
+        # The builders are passed, never kept in a local: they hold ``exc``, whose traceback
+        # holds this frame, and that cycle would keep the failed task's locals alive.
+        outcome = await integration.arecover(
+            handler, exc,
+            functools.partial(_call_block, postcondition, func, args, kwargs, exc)
+            if func is not None
+            else functools.partial(_coroutine_block, postcondition, coro, exc),  # type: ignore[arg-type]
+        )  # fmt: skip
         if not integration.settle(handler, outcome, exc):
             raise
         assert outcome is not None

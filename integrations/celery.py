@@ -127,8 +127,10 @@ class CrashOverrideTask(celery.Task):  # type: ignore[misc]
         except Exception as exc:
             if not self._recoverable(exc, handler):
                 raise
-            build = functools.partial(self._block, handler, args, kwargs, exc, request)
-            outcome = integration.recover(handler, exc, build)
+            # Passed, never kept in a local: it holds ``exc``, whose traceback holds this frame.
+            outcome = integration.recover(
+                handler, exc, functools.partial(self._block, handler, args, kwargs, exc, request)
+            )
             if not integration.settle(handler, outcome, exc):
                 raise
             assert outcome is not None
@@ -150,8 +152,9 @@ class CrashOverrideTask(celery.Task):  # type: ignore[misc]
         except Exception as exc:
             if not self._recoverable(exc, handler):
                 raise
-            build = functools.partial(self._block, handler, args, kwargs, exc, request)
-            outcome = await integration.arecover(handler, exc, build)
+            outcome = await integration.arecover(
+                handler, exc, functools.partial(self._block, handler, args, kwargs, exc, request)
+            )
             if not integration.settle(handler, outcome, exc):
                 raise
             assert outcome is not None

@@ -33,7 +33,7 @@ def test_sync_without_loop_uses_a_temporary_loop_in_this_thread() -> None:
     with capture_logs() as logs, co.handler():
         raise ValueError
     assert (thread, rid) == (threading.get_ident(), "r-sync")
-    assert _placement(logs) == "temporary-loop"
+    assert _placement(logs) == "owner-thread"
 
 
 def test_sync_inside_a_running_loop_runs_tools_on_the_blocked_owner_thread() -> None:
@@ -52,7 +52,7 @@ def test_sync_inside_a_running_loop_runs_tools_on_the_blocked_owner_thread() -> 
     with capture_logs() as logs:
         result = asyncio.run(main())
     assert result == (threading.get_ident(), "r-blocked")
-    assert _placement(logs) == "worker-thread-blocking"
+    assert _placement(logs) == "owner-thread"
     (blocked,) = [e for e in logs if e["event"] == "recovery.loop_blocked"]
     assert blocked["log_level"] == "warning" and blocked["blocked_ms"] > 0
 
@@ -89,7 +89,9 @@ async def test_top_level_await_uses_an_app_owned_async_object(anyio_backend: str
 @pytest.mark.anyio
 async def test_async_recovery_does_not_block_other_tasks(anyio_backend: str) -> None:
     ticks = 0
-    model = scripted(exec_step("import anyio\nawait anyio.sleep(0.3)"), done_step())
+    model = scripted(
+        exec_step("import anyio\nawait anyio.sleep(0.3)\ncaller['slept'] = True"), done_step()
+    )
     co = CrashOverride(model=model)
 
     async def ticker() -> None:

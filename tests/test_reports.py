@@ -71,7 +71,9 @@ def test_sdk_tracing_is_off_unless_asked_for(tracing: bool) -> None:
     spans = Spans()
     set_trace_processors([spans])  # type: ignore[list-item]
     try:
-        co = CrashOverride(model=scripted(exec_step("pass"), done_step()), tracing=tracing)
+        co = CrashOverride(
+            model=scripted(exec_step("caller['fixed'] = True"), done_step()), tracing=tracing
+        )
         with co.handler():
             raise ValueError
     finally:

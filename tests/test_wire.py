@@ -60,7 +60,7 @@ def test_secrets_in_locals_and_environment_never_reach_the_model(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("PAYMENT_API_TOKEN", "tok-very-secret-123")
-    with MockServer([exec_python("print(os_token)"), done()]) as server:
+    with MockServer([exec_python("print(os_token)\ncaller['seen'] = True"), done()]) as server:
         co = CrashOverride(model="m", base_url=server.base_url, api_key="k")
         password = "hunter2-is-my-password"
         os_token = "tok-very-secret-123"

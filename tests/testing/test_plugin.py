@@ -28,7 +28,9 @@ def test_gives_up(crashoverride_script):
             int("two")
 
 def test_leaves_a_step_unused(crashoverride_script):
-    co = CrashOverride(model=crashoverride_script(done("finished"), done("never used")))
+    co = CrashOverride(model=crashoverride_script(
+        exec_python("caller['x'] = 1"), done("finished"), done("never used")
+    ))
     with co.handler():
         int("two")
 """
