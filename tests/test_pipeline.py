@@ -339,3 +339,39 @@ def test_await_snippets_run_on_the_owner_thread_with_its_context() -> None:
     globals()["REQUEST"] = _REQUEST
     seen, owner = asyncio.run(main())
     assert seen == (owner, "r-42")
+
+
+# -- 3. a follow-up's agent code on the application's loop is stopped at its deadline ---------
+
+_FOLLOWUP_SPIN = """
+import anyio
+from crashoverride import CrashOverride
+from crashoverride.followups import TaskGroupRunner
+from tests.helpers import done_step, exec_step, scripted
+
+model = scripted(
+    exec_step("caller['value'] = 1"), done_step(),  # the recovery
+    exec_step("while True:\\n    pass"), done_step(),  # the follow-up spins on the app's loop
+)
+co = CrashOverride(model=model, followups=["check the repair"], followup_timeout=1)
+results = []
+
+async def main():
+    async with TaskGroupRunner(grace=30):
+        async with co.handler():
+            value = int("x")
+        results.append(value)
+    print("done", results)
+
+anyio.run(main)
+"""
+
+
+def test_a_spinning_followup_on_the_app_loop_is_stopped_at_its_deadline() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _FOLLOWUP_SPIN], capture_output=True, text=True, timeout=60,
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done [1]" in done.stdout
+    assert "followup.failed" in done.stdout and "timed out after 1s" in done.stdout
