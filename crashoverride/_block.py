@@ -43,11 +43,13 @@ class Block:
         caller: A mapping to expose as ``caller`` instead of the frame's locals.
         returns: The block produces a value: bind ``set_result`` and ``rerun`` for the agent.
         secrets: Values to mask in everything the recovery sends or records.
+        why_cancelled: Says why, when the recovery is cancelled from outside (e.g. "the client
+            disconnected"), for its ``recovery.cancelled`` event.
     """
 
     __slots__ = (
         "bindings", "brief", "caller", "check", "fields", "frame", "globals", "kind", "replay",
-        "returns", "secrets",
+        "returns", "secrets", "why_cancelled",
     )  # fmt: skip
 
     def __init__(
@@ -64,6 +66,7 @@ class Block:
         caller: Mapping[str, Any] | None = None,
         returns: bool = False,
         secrets: tuple[str, ...] = (),
+        why_cancelled: Callable[[], str | None] | None = None,
     ) -> None:
         self.kind = kind
         self.frame = frame
@@ -76,6 +79,7 @@ class Block:
         self.caller = caller
         self.returns = returns
         self.secrets = secrets
+        self.why_cancelled = why_cancelled
 
     def release(self) -> None:
         """Drop every reference into the failed code (frames, bound methods, arguments).
@@ -88,6 +92,7 @@ class Block:
         self.bindings = {}
         self.check = None
         self.replay = None
+        self.why_cancelled = None
         self.globals = {}
 
 

@@ -209,7 +209,8 @@ async def recover_async(
             decision: Decision = await run(rec, _bridge.placement())
             return decision
     except anyio.get_cancelled_exc_class():
-        rec.cancelled()
+        why = rec.block.why_cancelled if rec.block is not None else None
+        rec.cancelled((why() if why is not None else None) or "cancelled by the caller")
         raise
     except Exception as problem:
         internal_failure(exc, problem)

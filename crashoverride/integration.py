@@ -29,14 +29,22 @@ from typing import Any
 
 from ._block import Block, call_block, result_view
 from ._handler import Handler
+from ._log import CANCELLED as RECOVERY_CANCELLED
+from ._log import FAILED as RECOVERY_FAILED
+from ._log import SKIPPED as RECOVERY_SKIPPED
 from ._recovery import Decision as Outcome
 from ._recovery import fingerprint
 from ._redact import MASK, Redactor, is_secret_name
+from ._settings import UNSET
 from ._text import clip
 from ._verdict import judge
 
 __all__ = [
     "MASK",
+    "RECOVERY_CANCELLED",
+    "RECOVERY_FAILED",
+    "RECOVERY_SKIPPED",
+    "UNSET",
     "Block",
     "Outcome",
     "Redactor",

@@ -12,16 +12,12 @@ from collections.abc import Callable, Iterable, Mapping
 from types import FrameType, MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from crashoverride._block import Block
-from crashoverride._redact import MASK, is_secret_name
-from crashoverride._text import clip
+from crashoverride.integration import MASK, Block, clip, is_secret_name
 
 from ._asgi_exchange import ASGIApp, CapturedResponse, Exchange, replay
 
 if TYPE_CHECKING:
-    from crashoverride._state import RunState
-
-    from ._asgi_background import BackgroundRunner
+    from crashoverride.followups import TaskGroupRunner
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 IDEMPOTENT_METHODS = SAFE_METHODS | {"PUT", "DELETE"}
@@ -95,7 +91,7 @@ class RequestRecovery:
         app: ASGIApp,
         exc: BaseException,
         exchange: Exchange,
-        runner: BackgroundRunner | None,
+        runner: TaskGroupRunner | None,
         request_id_header: bytes | None,
         is_secret: Callable[[str], bool] = is_secret_name,
     ) -> None:
@@ -134,7 +130,7 @@ class RequestRecovery:
         """Single-flight: another request's recovery of this failure succeeded; try again."""
         return await replay(self.app, self.exchange)
 
-    def check(self, _: RunState) -> str | None:
+    def check(self, _: Any) -> str | None:
         return None if self.response is not None else NO_RESPONSE
 
     def spawn_unavailable(self, fn: Any, name: str | None = None) -> str:
@@ -176,7 +172,11 @@ class RequestRecovery:
             replay=self.replay_for_waiter,
             fields=self.fields,
             secrets=self.info.secret_values,
+            why_cancelled=self.why_cancelled,
         )
+
+    def why_cancelled(self) -> str | None:
+        return "the client disconnected" if self.exchange.disconnected else None
 
     def brief(self) -> str:
         info = self.info
@@ -199,8 +199,8 @@ class RequestRecovery:
         if replayable is False:
             body = (
                 "The request body is NOT replayable (larger than max_replay_body = "
-                f"{limit} bytes, or the client stopped sending it): replay_request() will fail; "
-                "answer with respond(...) or give up."
+                f"{limit} bytes, of unknown length, or the client stopped sending it): "
+                "replay_request() will fail; answer with respond(...) or give up."
             )
         elif replayable is None:
             body = (
@@ -243,8 +243,15 @@ def request_fields(exchange: Exchange, request_id_header: bytes | None) -> dict[
 
 
 def settle_body(exchange: Exchange) -> None:
-    """Decide from the headers what the app's unread body means for replaying it."""
-    if exchange.complete or exchange.chunks is None or exchange.size:
+    """Decide from the headers what the app's unread body means for replaying it.
+
+    Only a body the request declared (``content-length`` > 0, or chunked), or one the app began
+    to read, is read after a failure, and only if it fits in the replay buffer.
+    """
+    if exchange.complete or exchange.chunks is None:
+        return
+    if exchange.size:
+        exchange.declared = True  # the app began reading it: the rest is still to come
         return
     length: int | None = None
     chunked = False
@@ -254,16 +261,25 @@ def settle_body(exchange: Exchange) -> None:
             try:
                 length = int(value)
             except ValueError:
-                return
+                length = -1
         elif name == b"transfer-encoding":
             chunked = True
-    http1 = str(exchange.scope.get("http_version", "1.1")).startswith("1")
-    if length is None and not chunked and http1:
-        # HTTP/1.x frames every body with one of those headers: this request has none. (HTTP/2
-        # and 3 may send a body without either, so nothing is inferred there.)
+    if chunked or (length is not None and length > 0):
+        exchange.declared = True
+        if length is not None and length > exchange.limit:
+            exchange.chunks = None  # known in advance: too large to keep, so never read
+    elif length == 0 or (
+        length is None
+        and (
+            str(exchange.scope.get("http_version", "1.1")).startswith("1")
+            or exchange.scope.get("method", "GET") in SAFE_METHODS
+        )
+    ):
+        # HTTP/1.x frames every body with one of those headers: this request has none. HTTP/2
+        # and 3 may stream one without a length; a safe method has no body to speak of.
         exchange.complete = True
-    elif length is not None and length > exchange.limit:
-        exchange.chunks = None  # known in advance: too large to keep
+    else:
+        exchange.chunks = None  # a body of unknown length nobody read: not replayable
 
 
 def build_response(
@@ -297,14 +313,15 @@ def build_response(
 
 
 def _library_dirs() -> tuple[str, ...]:
+    # String operations only (no realpath, no abspath): this runs on the event loop, and a
+    # filesystem call there blocks every other request.
     paths = sysconfig.get_paths()
     dirs = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
-    here = os.path.dirname(os.path.abspath(__file__))
     import crashoverride
 
-    dirs.add(here)
-    dirs.add(os.path.dirname(os.path.abspath(crashoverride.__file__)))
-    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
+    dirs.add(os.path.dirname(__file__))
+    dirs.add(os.path.dirname(crashoverride.__file__ or ""))
+    return tuple(os.path.join(os.path.normpath(d), "") for d in dirs if os.path.isabs(d))
 
 
 _LIBRARY_DIRS: tuple[str, ...] | None = None
@@ -322,7 +339,7 @@ def app_frame(exc: BaseException) -> FrameType | None:
         frame = tb.tb_frame
         innermost = frame
         filename = frame.f_code.co_filename
-        if not filename.startswith("<") and not os.path.realpath(filename).startswith(
+        if not filename.startswith("<") and not os.path.normpath(filename).startswith(
             _LIBRARY_DIRS
         ):
             chosen = frame

@@ -6,6 +6,7 @@ a bound) and whether ``http.response.start`` went out. Everything else here runs
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -36,7 +37,9 @@ class Exchange:
         "channel_error",
         "chunks",
         "complete",
+        "declared",
         "disconnected",
+        "ended",
         "limit",
         "live_scope",
         "scope",
@@ -57,6 +60,11 @@ class Exchange:
         self.chunks: list[bytes] | None = []
         self.size = 0
         self.complete = False
+        # The server delivered the body's last message (``complete`` may also be inferred from
+        # the headers, before any message was read).
+        self.ended = False
+        # The request has a body still to come: declared by its headers, or begun by the app.
+        self.declared = False
         self.started = False
         self.disconnected = False
         # Raised by the server's (or an outer middleware's) receive/send: not the app's failure.
@@ -108,18 +116,18 @@ class Exchange:
         return False
 
     def _record(self, message: Message) -> None:
-        if self.complete:
-            return
-        body = message.get("body", b"")
-        self.size += len(body)
-        chunks = self.chunks
-        if chunks is not None:
-            if self.size > self.limit:
-                self.chunks = None  # not replayable: let go of what we held
-            elif body:
-                chunks.append(body)
-        if not message.get("more_body", False):
-            self.complete = True
+        last = not message.get("more_body", False)
+        if not self.complete:
+            body = message.get("body", b"")
+            self.size += len(body)
+            chunks = self.chunks
+            if chunks is not None:
+                if self.size > self.limit:
+                    self.chunks = None  # not replayable: let go of what we held
+                elif body:
+                    chunks.append(body)
+            self.complete = last
+        self.ended = self.ended or last
 
     # -- after a failure -------------------------------------------------------------------
 
@@ -138,17 +146,27 @@ class Exchange:
         return True if self.complete else None
 
     async def pump(self, on_disconnect: Callable[[], None]) -> None:
-        """Own the client's channel during a recovery.
+        """Own the client's channel during a recovery, and only as far as the app opened it.
 
-        The app stopped reading when it raised: finish reading the body (bounded) so the request
-        can be replayed, then wait for the client to go away and report it.
+        The rest of a body the request declared (see ``settle_body``) is read, bounded, so the
+        request can be replayed. Once the body has ended, the channel is listened to for the
+        client leaving, the way Starlette's streaming responses do. A request whose body was
+        neither declared nor read by the app is left alone: its ``receive`` is never called
+        (nothing is owed to it, and frameworks rely on that). An error of the channel only ends
+        this: it is the server's business, never the request's outcome.
         """
         ready = self._ready_event()
         try:
+            if not self.ended and (not self.declared or self.chunks is None):
+                return  # no body to read, or one too large to keep: draining it helps nobody
             while True:
                 message = await self._receive()
                 if message["type"] == "http.request":
+                    if self.ended:
+                        return  # body after the end: this channel is not worth listening to
                     self._record(message)
+                    if self.chunks is None:
+                        return  # outgrew the replay buffer: reading on would only drain it
                     if self.complete:
                         ready.set()
                 elif message["type"] == "http.disconnect":
@@ -157,8 +175,9 @@ class Exchange:
                     on_disconnect()
                     return
         except Exception:
-            # A broken channel is the server's business; the recovery goes on without a body.
-            self.chunks = None
+            if not self.complete:
+                self.chunks = None  # what was read is only part of the body
+        finally:
             ready.set()
 
     def _ready_event(self) -> anyio.Event:
@@ -175,8 +194,8 @@ class Exchange:
         if body is None:
             if self.chunks is None:
                 raise NotReplayable(
-                    f"the request body is larger than max_replay_body ({self.limit} bytes) and "
-                    "was not kept; answer with respond() instead"
+                    f"the request body is larger than max_replay_body ({self.limit} bytes), or "
+                    "of unknown length, and was not kept; answer with respond() instead"
                 )
             raise NotReplayable("the client disconnected before the request body was complete")
         return body
@@ -275,3 +294,53 @@ async def send_response(send: Send, response: CapturedResponse) -> None:
         {"type": "http.response.start", "status": response.status, "headers": response.raw_headers}
     )
     await send({"type": "http.response.body", "body": response.body, "more_body": False})
+
+
+# -- containment: what may leave the middleware after the application failed ------------------
+
+
+def cancel_pending() -> bool:
+    """Whether the current task is being cancelled: its next checkpoint would raise."""
+    try:
+        # anyio scopes (and trio's) report a cancelled or expired scope as a deadline passed.
+        if anyio.current_effective_deadline() <= anyio.current_time():
+            return True
+        # A native asyncio cancellation (``task.cancel()``, ``asyncio.timeout``) is invisible
+        # to them; one the task has not acknowledged (``uncancel``) is counted by the task.
+        task = asyncio.current_task()
+    except Exception:  # not on an asyncio loop (trio), or on a loop anyio does not know
+        return False
+    return task is not None and task.cancelling() > 0
+
+
+def outranking(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The member of a task group's exception that must propagate instead of the application's
+    exception: an interrupt or exit first, then a cancellation. None if there is none (every
+    other member is an internal failure, and the application's exception wins over it)."""
+    cancelled = anyio.get_cancelled_exc_class()
+    found: BaseException | None = None
+    pending: list[BaseException] = [group]
+    while pending:
+        current = pending.pop(0)
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        elif isinstance(current, KeyboardInterrupt | SystemExit):
+            return current
+        elif found is None and isinstance(current, cancelled):
+            found = current
+    return found
+
+
+def failed_internally(exc: BaseException, problem: BaseException) -> None:
+    """crashoverride broke while handling ``exc``: say so on it (it is re-raised) and log it."""
+    exc.add_note(f"crashoverride: failed internally, the original exception is re-raised: "
+                 f"{problem!r}")  # fmt: skip
+    try:
+        from crashoverride import integration
+
+        integration.emit(
+            "error", integration.RECOVERY_FAILED, reason=f"internal error: {problem!r}",
+            exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+        )  # fmt: skip
+    except Exception:
+        pass  # the note says it already; a broken log must not cost the request a second time

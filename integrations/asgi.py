@@ -6,11 +6,13 @@ Usage with Starlette or FastAPI::
 
 What it does:
 
-* ``http`` requests: the endpoint runs untouched. If it raises a ``catch``-matching exception
-  before ``http.response.start`` was sent, a recovery runs with request tools
-  (``request``, ``replay_request()``, ``respond(...)``, ``spawn_background(...)``). Only when it
-  produced a trustworthy response (a captured replay or ``respond``) is that response sent;
-  otherwise the original exception propagates and the app's normal 500 is returned.
+* ``http`` requests: the endpoint runs untouched (same task, same context). If it raises a
+  ``catch``-matching exception before ``http.response.start`` was sent, and the request is not
+  being cancelled, a recovery runs with request tools (``request``, ``replay_request()``,
+  ``respond(...)``, ``spawn_background(...)``). Only a trustworthy response (a captured replay
+  or ``respond``) is sent; otherwise the original exception propagates, with a note, and the
+  app's normal 500 follows. Nothing that fails inside crashoverride or on the client's channel
+  meanwhile replaces that exception.
 * The request body is recorded as it is read, up to ``max_replay_body`` bytes, so the request
   can be replayed. Larger bodies still stream to the app unchanged; they are just not replayable.
 * If the response had already started, nothing more is sent: the exception propagates and a
@@ -36,11 +38,10 @@ from typing import Any
 
 import anyio
 
-from crashoverride._app import CrashOverride
-from crashoverride._errors import ConfigurationError
-from crashoverride._settings import UNSET
+from crashoverride import ConfigurationError, CrashOverride, integration
+from crashoverride.followups import TaskGroupRunner
+from crashoverride.integration import UNSET
 
-from ._asgi_background import BackgroundRunner
 from ._asgi_exchange import (
     ASGIApp,
     CapturedResponse,
@@ -50,13 +51,14 @@ from ._asgi_exchange import (
     Receive,
     Scope,
     Send,
+    cancel_pending,
+    failed_internally,
+    outranking,
     send_response,
 )
 
-__all__ = ["BackgroundRunner", "CapturedResponse", "CrashOverrideMiddleware", "NotReplayable"]
+__all__ = ["CapturedResponse", "CrashOverrideMiddleware", "NotReplayable", "TaskGroupRunner"]
 
-CANCELLED = "recovery.cancelled"
-DEFAULT_TIMEOUT = 30.0
 DEFAULT_MAX_REPLAY_BODY = 4 * 1024 * 1024
 # The core ends a recovery at ``timeout``; this backstop also bounds the waits around it.
 _BUDGET_SLACK = 1.0
@@ -77,8 +79,9 @@ class CrashOverrideMiddleware:
         methods: HTTP methods to protect; default: all (the agent is told which are not
             idempotent).
         catch: Exception class(es) that trigger a recovery; default: the application's.
-        timeout: Budget of one request's recovery, in seconds. Keep it under your proxy's
-            timeout so the client gets an answer (recovered or the 500) before it gives up.
+        timeout: Budget of one request's recovery, in seconds; default: the application's
+            ``timeout``. Keep it under your proxy's timeout so the client gets an answer
+            (recovered or the 500) before it gives up.
         max_replay_body: Request bodies up to this many bytes are kept for replay.
         request_id_header: Header whose value is logged as ``request_id`` with every event.
         shutdown_grace: Seconds background work gets to finish when the app shuts down.
@@ -102,7 +105,7 @@ class CrashOverrideMiddleware:
         exclude: Iterable[str | re.Pattern[str]] = (),
         methods: Iterable[str] | None = None,
         catch: Any = UNSET,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: Any = UNSET,
         max_replay_body: int = DEFAULT_MAX_REPLAY_BODY,
         request_id_header: str | None = "x-request-id",
         shutdown_grace: float = 10.0,
@@ -121,19 +124,19 @@ class CrashOverrideMiddleware:
             )
         self.app = app
         self._co = crash_override
-        self.settings = crash_override._settings.for_handler(
-            {
-                "prompt": prompt,
-                "catch": catch,
-                "timeout": timeout,
-                "name": name,
-                "tools": _sequence("tools", tools),
-                "mcp_servers": _sequence("mcp_servers", mcp_servers),
-                "model": model,
-                "max_turns": max_turns,
-                "followups": _objectives(followups),
-            }
+        # Every option is checked here, at construction, by the core's own settings.
+        self.handler = crash_override.handler(
+            prompt,
+            catch=catch,
+            timeout=timeout,
+            name=name,
+            tools=_sequence("tools", tools),
+            mcp_servers=_sequence("mcp_servers", mcp_servers),
+            model=model,
+            max_turns=max_turns,
+            followups=_objectives(followups),
         )
+        self.settings = self.handler.settings
         self._catch = self.settings.catch
         self._include = _patterns("include", include)
         self._exclude = _patterns("exclude", exclude)
@@ -148,10 +151,10 @@ class CrashOverrideMiddleware:
             request_id_header.strip().lower().encode("latin-1") if request_id_header else None
         )
         self._filtered = bool(self._include or self._exclude or self._methods)
-        self._runner: BackgroundRunner | None = None
+        self._runner: TaskGroupRunner | None = None
 
     @property
-    def background(self) -> BackgroundRunner | None:
+    def background(self) -> TaskGroupRunner | None:
         """The runner of the current lifespan (None outside one); ``submit(fn, name=...)``."""
         return self._runner
 
@@ -180,37 +183,66 @@ class CrashOverrideMiddleware:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = Exchange(scope, receive, send, self._limit)
         try:
+            # Called exactly as a pass-through middleware would: same task, same context.
             await self.app(scope, exchange.receive, exchange.send)
         except Exception as exc:
             if not isinstance(exc, self._catch) or exchange.raised_by_channel(exc):
                 raise
+            if cancel_pending():
+                # A recovery would itself be cancelled, and the enclosing scope would absorb
+                # that cancellation together with the application's exception.
+                raise
+            response = await self._outcome(exc, exchange)
+            if response is None or not await self._answer(send, response, exc):
+                # The application's exception, as it was raised (bare ``raise`` keeps its
+                # context and traceback): its normal 500 follows.
+                raise
+
+    async def _outcome(self, exc: Exception, exchange: Exchange) -> CapturedResponse | None:
+        """The response a recovery produced, or None. Contained: nothing that goes wrong inside
+        crashoverride replaces ``exc``. Only an interrupt, a cancellation, or the exception
+        the agent chose to raise instead propagates from here."""
+        try:
             if exchange.started or exchange.disconnected:
                 self._skip(exc, exchange, _STARTED if exchange.started else _GONE)
-                raise
-            response = await self._recover(exc, exchange)
-            if response is None:
-                raise  # the original exception, untouched: the app's normal 500 follows
+                return None
+            outcome = await self._recover(exc, exchange)
+        except Exception as problem:  # imports included; ExceptionGroups of task groups too
+            failed_internally(exc, problem)
+            return None
+        except BaseExceptionGroup as group:
+            member = outranking(group)
+            if member is None:
+                failed_internally(exc, group)
+                return None
+            raise member from None
+        except anyio.get_cancelled_exc_class():
+            # Never swallowed; the note says why the application's exception is its context.
+            exc.add_note("crashoverride: recovery cancelled: the request was cancelled")
+            raise
+        if isinstance(outcome, BaseException):
+            raise outcome from exc  # the agent's ``raise_instead``
+        return outcome
+
+    async def _answer(self, send: Send, response: CapturedResponse, exc: Exception) -> bool:
+        """Send the recovered response; False if the server's channel failed meanwhile."""
+        try:
             await send_response(send, response)
+        except Exception as problem:
+            # Our own I/O: the client only sees that the request failed, and so does the log.
+            exc.add_note(f"crashoverride: recovered, but the response was not sent: {problem!r}")
+            return False
+        return True
 
     def _skip(self, exc: Exception, exchange: Exchange, reason: str) -> None:
-        from crashoverride import _log
-        from crashoverride._recovery import fingerprint
-
         from ._asgi_block import request_fields
 
-        _log.emit(
-            "warning", _log.SKIPPED, reason=reason, fingerprint=fingerprint(exc),
-            exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-            handler=self.settings.name or "request",
-            **request_fields(exchange, self._request_id),
-        )  # fmt: skip
-        exc.add_note(f"crashoverride: recovery skipped: {reason}")
+        fields = request_fields(exchange, self._request_id)
+        integration.skip(self.handler, exc, reason, kind="request", **fields)
 
-    async def _recover(self, exc: Exception, exchange: Exchange) -> CapturedResponse | None:
-        from crashoverride import _log
-        from crashoverride._flow import recover_async
-        from crashoverride._redact import Redactor
-
+    async def _recover(
+        self, exc: Exception, exchange: Exchange
+    ) -> CapturedResponse | BaseException | None:
         from ._asgi_block import RequestRecovery
 
         job = RequestRecovery(
@@ -219,37 +251,30 @@ class CrashOverrideMiddleware:
             exchange=exchange,
             runner=self._runner,
             request_id_header=self._request_id,
-            is_secret=Redactor((), self.settings.redaction).is_secret,
+            is_secret=integration.redactor(self.handler).is_secret,
         )
-        decision = None
-        with anyio.move_on_after(self.settings.timeout + _BUDGET_SLACK) as budget:
-            async with anyio.create_task_group() as group:
-                # The client's channel is ours now: finish the body, watch for a disconnect.
-                group.start_soon(exchange.pump, group.cancel_scope.cancel)
-                try:
-                    with self._followups_here():
-                        decision = await recover_async(
-                            self.settings, self._co._limits(), exc, job.block
-                        )
-                finally:
-                    group.cancel_scope.cancel()
-        if decision is None:
-            reason = None
+        outcome = None
+        # No budget of its own: the recovery's one deadline (the handler's ``timeout``) ends it.
+        async with anyio.create_task_group() as group:
+            # The client's channel is ours now: finish the body, watch for a disconnect.
+            group.start_soon(exchange.pump, group.cancel_scope.cancel)
+            try:
+                with self._followups_here():
+                    outcome = await integration.arecover(self.handler, exc, lambda: job.block)
+            finally:
+                group.cancel_scope.cancel()
+        if outcome is None:
             if exchange.disconnected:
-                reason = "the client disconnected"
-            elif budget.cancelled_caught:
-                reason = f"the request's budget (timeout={self.settings.timeout:g}s) ran out"
-            if reason is not None:
-                _log.emit("warning", CANCELLED, reason=reason, **job.fields)
-                exc.add_note(f"crashoverride: recovery cancelled: {reason}")
+                exc.add_note("crashoverride: recovery cancelled: the client disconnected")
             return None
-        if decision.replacement is not None:
-            raise decision.replacement from exc
-        if not decision.suppress:
+        try:
+            recovered = integration.settle(self.handler, outcome, exc)
+        except Exception as replacement:  # the agent's raise_instead, chained to ``exc``
+            return replacement
+        if not recovered:
             return None
-        if decision.replayed:
-            replayed: CapturedResponse = decision.value
-            return replayed
+        if isinstance(outcome.value, CapturedResponse):
+            return outcome.value  # a single-flight waiter's replay through the repaired app
         return job.response
 
     def _followups_here(self) -> contextlib.AbstractContextManager[Any]:
@@ -266,7 +291,7 @@ class CrashOverrideMiddleware:
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         failure: Exception | None = None
         async with anyio.create_task_group() as group:
-            runner = BackgroundRunner(group, self._grace)
+            runner = TaskGroupRunner(grace=self._grace, group=group)
 
             async def lifespan_receive() -> Message:
                 message = await receive()

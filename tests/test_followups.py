@@ -265,7 +265,7 @@ def test_subprocess_runner_runs_the_job_in_a_detached_process(tmp_path: Path) ->
     with co.handler():
         v = int("three")
     assert v == 3
-    codes = runner.wait(60)
+    codes = runner.join(60)
     assert list(codes.values()) == [0], log.read_text()
     assert marker.read_text() == "file the ticket|builtins.ValueError"
     text = log.read_text()

@@ -24,13 +24,13 @@ from ._runners import (
     FollowupRunner,
     JobRunner,
     SubprocessRunner,
-    TaskGroupRunner,
     ThreadRunner,
     current_runner,
     default_runner,
     resolve_runner,
     using,
 )
+from ._taskgroup import TaskGroupRunner
 
 __all__ = [
     "FollowupJob",

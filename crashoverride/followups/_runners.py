@@ -1,6 +1,6 @@
 """Where follow-ups run: runners, and the one made current for a context.
 
-* ``TaskGroupRunner``: an anyio task group the application owns (its lifespan, ``main``).
+* ``TaskGroupRunner`` (``_taskgroup``): an anyio task group the application owns.
 * ``ThreadRunner``: a supervised daemon thread per job; the process-wide default.
 * ``SubprocessRunner``: a detached process, for work that must outlive this one.
 
@@ -151,87 +151,6 @@ class ThreadRunner:
             _cut_off(name, "ThreadRunner", self.grace)
 
 
-# -------------------------------------------------------------------------------- task group
-
-
-class TaskGroupRunner:
-    """Follow-ups in an anyio task group the application owns; any anyio backend.
-
-    Use ``async with TaskGroupRunner() as runner:`` around the application's lifetime (an ASGI
-    lifespan, ``main``). Inside the block it is the current runner. On exit it waits up to
-    ``grace`` seconds for running jobs, then cancels them; each cancelled job reports itself as
-    cut off. ``submit`` may be called from the loop's thread or any worker thread.
-    """
-
-    def __init__(self, *, grace: float = 30.0) -> None:
-        self.grace = grace
-        self._group: Any = None
-        self._token: Any = None
-        self._thread = 0
-        self._pending: set[str] = set()
-        self._idle: Any = None
-        self._closed = False
-        self._reset: Any = None
-
-    async def __aenter__(self) -> TaskGroupRunner:
-        import anyio
-        import anyio.lowlevel
-
-        self._group = anyio.create_task_group()
-        await self._group.__aenter__()
-        self._token = anyio.lowlevel.current_token()
-        self._thread = threading.get_ident()
-        self._idle = anyio.Event()
-        self._idle.set()
-        self._reset = _current.set(self)
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
-        import anyio
-
-        _current.reset(self._reset)
-        self._closed = True
-        try:
-            with anyio.move_on_after(self.grace):
-                await self._idle.wait()
-        finally:
-            if self._pending:
-                self._group.cancel_scope.cancel()
-            result: bool | None = await self._group.__aexit__(*exc_info)
-        return result
-
-    def submit(self, fn: Callable[[], Awaitable[Any]], *, name: str) -> str:
-        if self._group is None or self._closed:
-            raise RuntimeError("TaskGroupRunner is not running (use `async with`)")
-        if threading.get_ident() == self._thread:
-            self._start(fn, name)
-        else:
-            import anyio.from_thread
-
-            anyio.from_thread.run_sync(self._start, fn, name, token=self._token)
-        return name
-
-    def _start(self, fn: Callable[[], Awaitable[Any]], name: str) -> None:
-        import anyio
-
-        if not self._pending:
-            self._idle = anyio.Event()
-        self._pending.add(name)
-        self._group.start_soon(self._track, fn, name, name=f"crashoverride-{name}")
-
-    async def _track(self, fn: Callable[[], Awaitable[Any]], name: str) -> None:
-        try:
-            await fn()
-        finally:
-            self._pending.discard(name)
-            if not self._pending:
-                self._idle.set()
-
-    @property
-    def running(self) -> list[str]:
-        return sorted(self._pending)
-
-
 # -------------------------------------------------------------------------------- subprocess
 
 
@@ -288,7 +207,7 @@ class SubprocessRunner:
             self._procs[job.id] = proc
         return f"{job.id} (pid {proc.pid})"
 
-    def wait(self, timeout: float | None = None) -> dict[str, int | None]:
+    def join(self, timeout: float | None = None) -> dict[str, int | None]:
         """Wait for the children started here; returns each one's exit code (None: running)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:

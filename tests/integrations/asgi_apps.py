@@ -162,7 +162,7 @@ ROUTES = [
     Route("/stream-fail", stream_fail),
     Route("/upload", upload, methods=["POST"]),
     Route("/background", with_background),
-    Route("/hang", hang),
+    Route("/hang", hang, methods=["GET", "POST"]),
     Route("/greeting", greeting),
     WebSocketRoute("/ws", echo),
 ]

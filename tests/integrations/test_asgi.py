@@ -274,8 +274,9 @@ def test_client_disconnect_cancels_the_recovery(
     model = scripted(exec_step("await PROBE.hang()"))
     app = asgi_apps.starlette_app(crash_override=CrashOverride(model=model))
     with serve(app) as server:
+        # A declared body: the middleware reads it, then listens for the client leaving.
         with pytest.raises(httpx.ReadTimeout):
-            httpx.get(server.url + "/hang", timeout=1.0)
+            httpx.post(server.url + "/hang", json={"item": "pear"}, timeout=1.0)
         assert probe.cancelled.wait(10), "the agent's work was not cancelled"
         deadline = time.monotonic() + 10
         while not named(logs, "recovery.cancelled") and time.monotonic() < deadline:
