@@ -10,18 +10,20 @@ import concurrent.futures
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _clients
-from ._agent_tools import agent_tools
+from ._agent_tools import agent_tools, tool_failure
 from ._bridge import Dispatch
 from ._clients import Lease
 from ._report import ToolCallRecord, Usage
 from ._settings import Settings
 from ._state import RunState
 from ._text import clip
-from ._tools import AgentExit, Workspace, format_tool_error
+from ._toolbox import BY_NAME
+from ._tools import AgentExit, Workspace
 
 Check = Callable[[], Any]  # returns None/True when recovered, or a reason string / False
 
@@ -154,26 +156,35 @@ async def _build_model(settings: Settings, leases: list[Lease]) -> Any:
 
 
 def _user_tools(settings: Settings) -> list[Any]:
-    from agents import function_tool
+    # Settings are immutable and shared by their handler's recoveries: the SDK tools made
+    # from its callables are too (an SDK tool object keeps no per-run state).
+    built = _USER_TOOLS.get(settings)
+    if built is None:
+        from agents import function_tool
 
-    tools = []
-    for tool in settings.tools:
-        if isinstance(getattr(tool, "name", None), str) and hasattr(tool, "params_json_schema"):
-            tools.append(tool)
-        else:
-            tools.append(function_tool(tool, failure_error_function=_tool_failure))
-    return tools
+        built = _USER_TOOLS[settings] = tuple(
+            tool
+            if isinstance(getattr(tool, "name", None), str) and hasattr(tool, "params_json_schema")
+            else function_tool(tool, failure_error_function=tool_failure)
+            for tool in settings.tools
+        )
+    return list(built)
+
+
+# Weak: settings derived per follow-up or per handler must not be kept alive by this cache.
+_USER_TOOLS: weakref.WeakKeyDictionary[Settings, tuple[Any, ...]] = weakref.WeakKeyDictionary()
 
 
 def _job_tools(job: AgentJob) -> list[Any]:
+    # Tools the registry defines (spawn_followup) are made by ``agent_tools`` from the job's
+    # callable; anything else a job brings is wrapped as it is.
     from agents import function_tool
 
-    return [function_tool(tool, failure_error_function=_tool_failure) for tool in job.tools]
-
-
-def _tool_failure(_: Any, error: Exception) -> str:
-    # The SDK hides tool errors from the model by default; the model needs the traceback.
-    return format_tool_error(error)
+    return [
+        function_tool(tool, failure_error_function=tool_failure)
+        for tool in job.tools
+        if getattr(tool, "__name__", None) not in BY_NAME
+    ]
 
 
 async def run_agent(job: AgentJob, dispatch: Dispatch) -> AgentRun:

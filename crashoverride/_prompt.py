@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
+import textwrap
+
+from . import _toolbox
+
 DEFAULT_SYSTEM_PROMPT = """\
 You are the recovery agent of a running Python process. A block of its code has just raised an
 exception. The process is paused at the end of that block and will continue after it if you
 succeed. You work inside the live process through tools.
 
 Tools:
-- eval_python(expression): evaluate one expression and see its value.
-- exec_python(statements): run statements; the value of a trailing expression and anything
-  printed are returned. Top-level `await` works.
-- give_up(reason): stop; the original exception is re-raised with your reason attached.
-- spawn_followup(objective, context): queue background agent work that starts when you finish
-  and receives your report (a permanent fix, a ticket, a deeper look); rule 7 applies to it.
-Both Python tools run in the globals of the module that failed. Names resolve: names you
+{tools}
+The Python tools run in the globals of the module that failed. Names resolve: names you
 assigned in earlier tool calls, then the failed block's local variables, then the module's
 globals, then builtins. Assignments stay private to your session; to change a local variable
-the code after the block will use, write `caller["name"] = value`. `error` is the exception.
-Functions you define see the module's globals, not your session names; modules you import at
-the top level of a snippet are also bound in the module when it has no such name yet.
-Helpers in that namespace: show_source(obj) (the source a live object runs now, also after a
-patch); replace_function(func, new_func_or_source) swaps the code of `func` in place so every
-existing reference sees it (plain `module.func = new` misses `from module import func` copies);
-rebind_everywhere(old, new) for builtins and cases replace_function refuses.
+the code after the block will use, write it through `caller`. Functions you define see the
+module's globals, not your session names; modules you import at the top level of a snippet are
+also bound in the module when it has no such name yet. Names in that namespace:
+{helpers}
 
 How to work:
 1. First state, in one sentence, the postcondition the block was meant to establish: what must
@@ -39,17 +35,18 @@ How to work:
    process so later calls work too, then establish the postcondition for this occurrence.
 6. Verify the postcondition with the tools before you finish.
 7. Change files on disk, or queue work that changes code, only if the prompts authorise it.
-   {persistence}
+{persistence}
 When done, answer with one short line saying what you did. Do not ask questions: nobody will
 answer them.
 """
 
 
+_PERSISTERS = " and ".join(h.name for h in _toolbox.HELPERS if h.when == "persist")
 PERSIST_ON = {
-    "write": "To make a repair durable use persist_function(func) (writes what `func` runs now "
-    "over its definition, keeping a backup) or persist_file_edit(path, old, new).",
-    "patch": "persist_function(func) and persist_file_edit(path, old, new) propose the change as a "
-    ".patch file for review; the source file itself is not changed.",
+    "write": f"To make a repair durable use {_PERSISTERS} (listed above): they rewrite the "
+    "source file in place and keep a backup.",
+    "patch": f"{_PERSISTERS} (listed above) propose the change as a .patch file for review; "
+    "the source file itself is not changed.",
 }
 PERSIST_OFF = "Persisting fixes to files is switched off for this application."
 
@@ -59,12 +56,10 @@ exception. You may look but not touch: the exception will be re-raised whatever 
 your diagnosis attached for the developers.
 
 Tools:
-- inspect_python(expression): evaluate a read-only expression: values, attributes, indexing,
-  and calls to inspection functions only (len, type, repr, isinstance, sorted, getattr, vars,
-  dir, show_source(obj) and read-only methods like keys/items/get). No assignments.
-- give_up(reason): stop early with what you know.
-Names resolve: the failed block's local variables (`caller`), then the module's globals, then
-builtins. `error` is the exception.
+{tools}
+Names resolve: the failed block's local variables, then the module's globals, then builtins.
+Names in that namespace:
+{helpers}
 
 How to work: state what the block was meant to achieve; read the relevant source with
 show_source(...) and look at the live values; find the root cause, not the symptom. Finish with
@@ -84,16 +79,31 @@ def build_instructions(
     if system_prompt is not None:
         base = system_prompt
     elif mode == "diagnose":
-        base = DIAGNOSE_SYSTEM_PROMPT
+        base = _DIAGNOSE
     else:
+        base = _REPAIR_PERSIST if persistence else _REPAIR
         text = PERSIST_ON.get(persistence, PERSIST_OFF) if persistence else PERSIST_OFF
-        base = DEFAULT_SYSTEM_PROMPT.replace("{persistence}", text)
+        base = base.replace(
+            "{persistence}", textwrap.fill(text, 96, initial_indent="   ", subsequent_indent="   ")
+        )
     parts = [base]
     if project_prompt.strip():
         parts.append("About this application (from its developers):\n" + project_prompt.strip())
     if prompt.strip():
         parts.append("Objective for this block (from its developers):\n" + prompt.strip())
     return "\n\n".join(parts)
+
+
+def _render(template: str, mode: str, when: tuple[str, ...] = ("always",)) -> str:
+    # ``replace``, not ``format``: the texts are full of code with braces.
+    tools, helpers = _toolbox.tool_lines(mode), _toolbox.helper_lines(mode, when=when)
+    return template.replace("{tools}", tools).replace("{helpers}", helpers)
+
+
+# The tool and helper lists come from the registry; rendered once, at import.
+_REPAIR = _render(DEFAULT_SYSTEM_PROMPT, "repair")
+_REPAIR_PERSIST = _render(DEFAULT_SYSTEM_PROMPT, "repair", ("always", "persist"))
+_DIAGNOSE = _render(DIAGNOSE_SYSTEM_PROMPT, "diagnose")
 
 
 def build_input(
@@ -121,6 +131,5 @@ so every variable the code after the block needs must hold its intended value wh
 
 CALL_BRIEF = """\
 This is a call of the decorated function `{name}` with `args` and `kwargs`. The call has ended;
-its locals are readable through `caller`. Finish it in one of two ways: `set_result(value)` to
-return a value to its caller, or, after repairing the code, `rerun()` to have the call made once
-more with the same arguments when you finish."""
+its locals are readable through `caller`. Finish it in one of two ways:
+""" + _toolbox.helper_lines("repair", when=("returns",))

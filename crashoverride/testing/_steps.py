@@ -18,6 +18,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
+from .._toolbox import BY_NAME
+
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
@@ -78,19 +80,35 @@ def tool_call(
     return ToolCall(name, text, call_id)
 
 
+def _registered(name: str, *values: Any, call_id: str | None) -> ToolCall:
+    # Argument names come from the tool's one definition (``crashoverride._toolbox``), the
+    # same one the agent's SDK tool is made from, so a step always fits the tool's schema.
+    return tool_call(name, BY_NAME[name].arguments(*values), call_id=call_id)
+
+
 def exec_python(statements: str, *, call_id: str | None = None) -> ToolCall:
     """The agent runs Python statements in the live process."""
-    return tool_call("exec_python", {"statements": statements}, call_id=call_id)
+    return _registered("exec_python", statements, call_id=call_id)
 
 
 def eval_python(expression: str, *, call_id: str | None = None) -> ToolCall:
     """The agent evaluates one Python expression in the live process."""
-    return tool_call("eval_python", {"expression": expression}, call_id=call_id)
+    return _registered("eval_python", expression, call_id=call_id)
+
+
+def inspect_python(expression: str, *, call_id: str | None = None) -> ToolCall:
+    """Diagnose mode: the agent evaluates a read-only expression."""
+    return _registered("inspect_python", expression, call_id=call_id)
 
 
 def give_up(reason: str, *, call_id: str | None = None) -> ToolCall:
     """The agent gives up: the run ends and the original exception is re-raised."""
-    return tool_call("give_up", {"reason": reason}, call_id=call_id)
+    return _registered("give_up", reason, call_id=call_id)
+
+
+def spawn_followup(objective: str, context: str = "", *, call_id: str | None = None) -> ToolCall:
+    """The agent queues a follow-up that starts in the background when the recovery ends."""
+    return _registered("spawn_followup", objective, context, call_id=call_id)
 
 
 def done(summary: str = "Recovered.") -> Message:
