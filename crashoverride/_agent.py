@@ -78,6 +78,12 @@ def import_sdk() -> None:
     # What the first run would otherwise build on its loop (the SDK's trace exporter, our SSL
     # context, openai's API modules), so ``awarm_up()`` leaves nothing heavy for the first failure.
     _clients.prepare()
+    # And the built-in tools' JSON schemas (a few ms, once per process).
+    from ._agent_tools import schema_of
+    from ._toolbox import TOOLS
+
+    for tool in TOOLS:
+        schema_of(tool)
 
 
 def _sdk_ready() -> bool:

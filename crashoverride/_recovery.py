@@ -281,13 +281,18 @@ class Recovery:
 
     def release(self) -> None:
         """Drop frames, tracebacks and the exception: a server must not leak per recovery."""
-        workspace, self.workspace = self.workspace, None
-        if workspace is not None:
-            workspace.close()
-        block, self.block = self.block, None
-        if block is not None:
-            block.release()
+        drop_references(self)
         self.exc = None
+
+
+def drop_references(record: Any) -> None:
+    """What every pipeline record does at its end: close the namespace, release the block."""
+    workspace, record.workspace = record.workspace, None
+    if workspace is not None:
+        workspace.close()
+    block, record.block = record.block, None
+    if block is not None:
+        block.release()
 
 
 def _secret_values(block: Block, is_secret_name: Callable[[str], bool]) -> list[str]:

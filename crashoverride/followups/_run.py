@@ -152,12 +152,9 @@ class FollowupRecord:
         return round((time.monotonic() - self._began) * 1000, 3)
 
     def abandon(self) -> None:
-        workspace, self.workspace = self.workspace, None
-        if workspace is not None:
-            workspace.close()
-        block, self.block = self.block, None
-        if block is not None:
-            block.release()
+        from .._recovery import drop_references
+
+        drop_references(self)
 
 
 async def run_job(job: FollowupJob, settings: Settings, runner: str) -> FollowupResult:
