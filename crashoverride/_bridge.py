@@ -204,12 +204,17 @@ class AgentThread:
             loop, task = self._loop, self._task
         if loop is not None and task is not None:
             try:
-                loop.call_soon_threadsafe(task.cancel)
+                # Delivered one iteration late, for the reason given in ``_in_own_task``.
+                loop.call_soon_threadsafe(_cancel_next_iteration, loop, task)
             except RuntimeError:  # loop already closed: the thread is finishing
                 pass
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
+
+
+def _cancel_next_iteration(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+    loop.call_soon(task.cancel)
 
 
 # -------------------------------------------------------------------------------- placements
@@ -240,6 +245,11 @@ async def _in_own_task(session: Session[T], dispatch: Dispatch, deadline: Deadli
         await asyncio.wait([task])
     finally:
         if not task.done():
+            with anyio.CancelScope(shield=True):
+                # One loop iteration first: a task the SDK has just created (its model turn)
+                # takes its first step, so cancelling it never drops a coroutine unstarted
+                # ("coroutine 'run_single_turn' was never awaited").
+                await asyncio.sleep(0)
             task.cancel()
             with anyio.CancelScope(shield=True):
                 # Bounded: a tool blocked in a worker thread keeps the SDK waiting for it.

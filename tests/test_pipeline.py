@@ -8,6 +8,7 @@ import asyncio
 import contextvars
 import gc
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -74,13 +75,18 @@ def test_interrupting_a_sync_wait_for_a_slot_hands_the_slot_on() -> None:
             value = int("one")
         assert value == 1
 
+    # A runner started in the background may ignore SIGINT: Ctrl-C is what this test is about.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     first = threading.Thread(target=holder)
     first.start()
-    time.sleep(0.3)  # the holder has the only slot now
-    threading.Timer(0.3, _thread.interrupt_main).start()
-    with pytest.raises(KeyboardInterrupt):
-        with co.handler(name="waiter"):
-            int("two")
+    try:
+        time.sleep(0.3)  # the holder has the only slot now
+        threading.Timer(0.3, _thread.interrupt_main).start()
+        with pytest.raises(KeyboardInterrupt):
+            with co.handler(name="waiter"):
+                int("two")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     first.join(30)
     with co.handler(name="later") as later:
         value = int("three")
