@@ -60,8 +60,6 @@ from ._asgi_exchange import (
 __all__ = ["CapturedResponse", "CrashOverrideMiddleware", "NotReplayable", "TaskGroupRunner"]
 
 DEFAULT_MAX_REPLAY_BODY = 4 * 1024 * 1024
-# The core ends a recovery at ``timeout``; this backstop also bounds the waits around it.
-_BUDGET_SLACK = 1.0
 _STARTED = "the response had already started; a second http.response.start is never sent"
 _GONE = "the client had disconnected; there is nobody to answer"
 
