@@ -26,6 +26,7 @@ import structlog  # noqa: F401  (loaded with the pipeline, off the loop: see _ha
 from . import _agent, _bridge, _log
 from ._block import Block
 from ._bridge import Dispatch, Job, Placement
+from ._owner_thread import drive
 from ._recovery import Decision, Recovery, internal_failure
 from ._seen import mark, seen
 from ._settings import Settings
@@ -229,7 +230,7 @@ def recover_sync(app: Any, settings: Settings, exc: BaseException, block: Block)
     began = time.monotonic()
     try:
         with _log.bound(recovery_id=rec.id, fingerprint=rec.fingerprint):
-            decision: Decision = _bridge.drive(lambda place: run(rec, place), rec.deadline)
+            decision: Decision = drive(lambda place: run(rec, place), rec.deadline)
             return decision
     except TimeoutError:
         return rec.timed_out()  # the agent ignored the deadline; it was left behind
