@@ -44,6 +44,14 @@ class AgentExit(Exception):
     """Agent code called ``sys.exit()``: a recovery never exits the process; it ends instead."""
 
 
+class AgentInterrupted(AgentExit):
+    """Agent code raised ``KeyboardInterrupt``: the run ends; the entry point re-raises it."""
+
+    def __init__(self, interrupt: KeyboardInterrupt) -> None:
+        super().__init__("agent code raised KeyboardInterrupt")
+        self.interrupt = interrupt
+
+
 def _register_source(source: str) -> str:
     filename = f"<crashoverride-{next(_COUNTER)}>"
     lines = source.splitlines(keepends=True)
@@ -198,27 +206,29 @@ class Workspace:
         return self._guard(lambda: eval(code, self.globals, self._names), code, trailing=True)
 
     def _guard(self, run: Callable[[], Any], code: CodeType, *, trailing: bool = False) -> Any:
-        from ._watchdog import Preempted, guard
+        from ._watchdog import STOPPED, Preempted, guarded
 
         try:
-            with guard(self.deadline):
-                value = run()
+            value = guarded(self.deadline, run)
         except SystemExit as exc:
             raise AgentExit(f"agent code called sys.exit({exc.code!r})") from None
         except Preempted:
-            raise AgentExit(
-                "agent code was still running when the recovery's time ran out and was interrupted"
-            ) from None
+            raise AgentExit(STOPPED) from None
         if code.co_flags & inspect.CO_COROUTINE:
             # Top-level await: ``value`` is a coroutine, awaited wherever the bridge can.
             return self._finish_async(value, trailing)
         return self.scratch.pop(_VALUE, None) if trailing else value
 
     async def _finish_async(self, awaitable: Any, trailing: bool) -> Any:
+        from ._watchdog import STOPPED, Preempted, stepped
+
         try:
-            value = await awaitable
+            # Step by step: code between its awaits holds the event loop, so it is guarded too.
+            value = await stepped(awaitable, self.deadline)
         except SystemExit as exc:
             raise AgentExit(f"agent code called sys.exit({exc.code!r})") from None
+        except Preempted:
+            raise AgentExit(STOPPED) from None
         return self.scratch.pop(_VALUE, None) if trailing else value
 
     def close(self) -> None:

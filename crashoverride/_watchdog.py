@@ -1,99 +1,301 @@
-"""Interrupt agent code that is still running synchronously on the owner's thread at the deadline.
+"""Stop agent code that is still running on the owner's thread when the recovery's time is up.
 
 Agent snippets run on the thread that owns the failed frame. A snippet that spins in pure Python
 (``while True: pass``) holds that thread, so no timeout that needs the thread back (an asyncio
-timeout, a cancel scope) can fire. At the recovery's deadline this watchdog asks the interpreter
-to raise ``Preempted`` in that thread (``PyThreadState_SetAsyncExc``), only while the snippet is
-running:
+timeout, a cancel scope) can fire. While a snippet runs under :func:`guard`:
 
-* arming and firing happen under one lock, and disarming clears a fired-but-not-yet-raised
-  exception under that lock, so nothing is ever raised outside the guarded snippet;
-* ``Preempted`` derives from ``BaseException``, so agent code's ``except Exception`` cannot
-  swallow it.
+* at the deadline the watchdog thread raises ``Preempted`` in the owner's thread
+  (``PyThreadState_SetAsyncExc``): this strike also reaches application code the snippet
+  called, and a blocking C call once it returns;
+* from then on every line of snippet code raises ``Preempted``, so a bare ``except:`` cannot
+  swallow the stop. A ``sys.settrace`` tracer on the owner's thread, for the snippet only, gives
+  line events to snippet code alone (compiled agent source, ``<crashoverride-N>``, and the
+  functions it defines) and costs one flag check per line until the deadline;
+* CPython drops a trace function that raises, and the handler that catches it may spin
+  untraced. So a ``Preempted`` that is created (a strike landing) or swallowed (its last
+  reference gone) puts the tracer back, and the watchdog strikes again every ``RESTRIKE``
+  seconds while the owner's thread is still running snippet code;
+* ``Preempted`` derives from ``BaseException``, so ``except Exception`` lets it through anyway.
 
-What it cannot interrupt: blocking C calls (``time.sleep``, ``lock.acquire``, socket reads)
-until they return, and code after an ``await`` in a snippet (that runs as a task on the event
-loop, where the recovery's own timeout applies). Interrupted code may leave state half-updated;
-that is why it fires only once the recovery has already failed by running out of time.
+Nothing is raised outside the guarded code and no lock is ever left held. An asynchronous
+exception is delivered only where the interpreter checks for pending work (the end of a call,
+the start of a function, a backward jump). The watchdog strikes while holding a plain C lock,
+and leaving the guard takes that lock first, so no strike comes after it; one sent just before
+(at most one: later ones need snippet code running) lands by the end of ``close()``, whose
+callers then simply run it again. ``with lock:`` on a C lock is inside its body as soon as the
+lock is taken, where a Python-level lock (``threading.Condition``, ``Event``) can be
+interrupted after taking it and stay taken for good; the watchdog thread is woken through a C
+``SimpleQueue`` for the same reason.
+A strike is never withdrawn with ``PyThreadState_SetAsyncExc(id, NULL)``: before 3.13 that
+leaves the interpreter's "pending work" flag set for good, which slows every thread down and,
+with a trace function installed, makes the next function call spin forever.
+
+What it cannot stop: a blocking C call (``time.sleep``, ``lock.acquire``, a socket read) before
+it returns, and a snippet that keeps every ``Preempted`` it catches alive while it spins.
+Interrupted code may leave state half-updated: the stop comes only once the recovery has already
+failed by running out of time.
 """
 
 from __future__ import annotations
 
 import ctypes
 import heapq
+import inspect
 import itertools
+import queue
+import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+import types
+from collections.abc import Callable, Coroutine, Generator
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import TraceFunction
+
+T = TypeVar("T")
+
+# How ``_tools`` names compiled agent source: ``<crashoverride-1>``, ``<crashoverride-2>``, ...
+SNIPPET_PREFIX = "<crashoverride-"
+STOPPED = "agent code was still running when the recovery's time ran out and was interrupted"
+RESTRIKE = 0.1  # seconds between strikes once out of time
 
 
 class Preempted(BaseException):
     """Raised inside agent code that was still running when the recovery's time ran out."""
 
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        _retrace()  # a strike landing: it may land in a handler that spins untraced
+
+    def __del__(self) -> None:
+        _retrace()  # the last reference went: agent code swallowed it
+
+
+def _retrace() -> None:
+    """Put back the tracer CPython dropped when it raised, if this thread is out of time."""
+    current = getattr(_this_thread, "guard", None)
+    if current is not None and current.stop:
+        current.retrace()
+
+
+_strike = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
+)
+_this_thread = threading.local()  # .guard: the innermost open guard of this thread
+
+
+class _Guard:
+    """Guarded stretches of agent code against one deadline; entered again for each stretch."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.thread = 0
+        self.live = False  # open, and armed unless out of time already
+        self.stop = False  # out of time: snippet code raises at every line
+        self.queued = False  # in the watchdog's heap
+        self.tracing = False
+        self.previous: TraceFunction | None = None
+        self.outer: _Guard | None = None
+        self.entry: FrameType | None = None  # the frame running the guarded code
+
+        def lines(frame: FrameType, event: str, arg: Any) -> TraceFunction:
+            if self.stop:
+                # A strike still pending is delivered at the end of this call, here rather than
+                # later in whatever handles this raise (a ``__del__`` even).
+                time.monotonic()
+                raise Preempted
+            return lines
+
+        def calls(frame: FrameType, event: str, arg: Any) -> TraceFunction | None:
+            # Only snippet code gets line events; everything else runs untraced.
+            return lines if frame.f_code.co_filename.startswith(SNIPPET_PREFIX) else None
+
+        self._lines = lines
+        self._calls = calls
+
+    def __enter__(self) -> _Guard:
+        self.thread = threading.get_ident()
+        self.entry = sys._getframe(1)
+        self.outer = getattr(_this_thread, "guard", None)
+        _this_thread.guard = self
+        self.previous = sys.gettrace()  # a debugger's or coverage's: restored on the way out
+        self.live = self.tracing = True
+        sys.settrace(self._calls)
+        if self.deadline <= time.monotonic():
+            # Out of time already: no first strike into this code, the snippet stops at its
+            # first line; later strikes still come should a handler spin.
+            self.stop = True
+        try:
+            _WATCHDOG.arm(self)  # last: from here on a strike may land at any check
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            self.close()
+        except Preempted:
+            # The strike landed in close(), which cannot be struck again: finish leaving. The
+            # guarded code has ended, so its own outcome stands.
+            self.close()
+
+    def close(self) -> None:
+        """Leave the guard. Idempotent: a strike landing part-way leaves the rest to a rerun."""
+        with _WATCHDOG.lock:  # the watchdog strikes only while holding it: none after this
+            self.live = self.stop = False
+        # A strike sent before that lands at the latest as the lock's exit call returns.
+        if self.tracing:
+            self.tracing = False
+            sys.settrace(self.previous)
+        if getattr(_this_thread, "guard", None) is self:
+            _this_thread.guard = self.outer
+        self.entry = None
+
+    def in_snippet(self) -> bool:
+        """Whether the owner's thread is running snippet code under this guard."""
+        frame = sys._current_frames().get(self.thread)
+        while frame is not None and frame is not self.entry:
+            if frame.f_code.co_filename.startswith(SNIPPET_PREFIX):
+                return True
+            frame = frame.f_back
+        return False
+
+    def retrace(self) -> None:
+        """Put the tracer back, and on the snippet frames still running."""
+        if not self.tracing or sys.gettrace() is self._calls:
+            return
+        sys.settrace(self._calls)
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code.co_filename.startswith(SNIPPET_PREFIX):
+                frame.f_trace = self._lines
+            frame = frame.f_back
+
 
 class _Watchdog:
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int]] = []
-        self._armed: dict[int, int] = {}  # token -> thread id
-        self._fired: dict[int, int] = {}  # token -> thread id, fired and not yet disarmed
-        self._tokens = itertools.count()
+        self.lock = threading.Lock()
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()  # C, like the lock
+        self._heap: list[tuple[float, int, _Guard]] = []
+        self._order = itertools.count()
         self._thread: threading.Thread | None = None
 
-    def arm(self, deadline: float, thread_id: int) -> int:
-        with self._cond:
-            token = next(self._tokens)
-            self._armed[token] = thread_id
-            heapq.heappush(self._heap, (deadline, token))
+    def arm(self, guard_: _Guard) -> None:
+        with self.lock:
+            if not guard_.queued:
+                guard_.queued = True
+                heapq.heappush(self._heap, (guard_.deadline, next(self._order), guard_))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._watch, name="crashoverride-watchdog", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
-            return token
-
-    def disarm(self, token: int) -> None:
-        with self._cond:
-            self._armed.pop(token, None)
-            thread_id = self._fired.pop(token, None)
-            if thread_id is not None:
-                # Fired but maybe not raised yet: withdraw it so it never lands outside the
-                # snippet (a NULL exception clears a pending one; a no-op if it was raised).
-                _set_async_exc(thread_id, None)
+            self._wake.put(None)
 
     def _watch(self) -> None:
-        with self._cond:
-            while True:
+        while True:
+            with self.lock:
                 now = time.monotonic()
                 while self._heap and self._heap[0][0] <= now:
-                    _, token = heapq.heappop(self._heap)
-                    thread_id = self._armed.pop(token, None)
-                    if thread_id is not None:  # still running the snippet: interrupt it
-                        self._fired[token] = thread_id
-                        _set_async_exc(thread_id, Preempted)
+                    guard_ = heapq.heappop(self._heap)[2]
+                    guard_.queued = False
+                    if not guard_.live:
+                        continue
+                    # The first strike always; later ones only into snippet code, never into
+                    # the code leaving the guard.
+                    if not guard_.stop or guard_.in_snippet():
+                        guard_.stop = True
+                        _strike(guard_.thread, Preempted)
+                    guard_.queued = True
+                    heapq.heappush(self._heap, (now + RESTRIKE, next(self._order), guard_))
                 timeout = self._heap[0][0] - now if self._heap else None
-                self._cond.wait(timeout)
-
-
-def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None
-    )
+            try:
+                self._wake.get(timeout=timeout)
+            except queue.Empty:
+                pass
 
 
 _WATCHDOG = _Watchdog()
 
 
-@contextmanager
-def guard(deadline: float | None) -> Iterator[None]:
-    """Run the body with the watchdog armed for ``deadline`` (``time.monotonic`` seconds)."""
-    if deadline is None:
-        yield
-        return
-    token = _WATCHDOG.arm(deadline, threading.get_ident())
+class _Unguarded:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def guard(deadline: float | None) -> _Guard | _Unguarded:
+    """Run the body with the watchdog armed for ``deadline`` (``time.monotonic`` seconds).
+
+    The one strike can land as ``__exit__`` begins, before it runs: then ``Preempted`` leaves the
+    ``with`` and the caller must ``close()`` the guard, as :func:`guarded` does.
+    """
+    return _Unguarded() if deadline is None else _Guard(deadline)
+
+
+def guarded(deadline: float | None, fn: Callable[..., T], /, *args: Any) -> T:
+    """Return ``fn(*args)`` run under :func:`guard`."""
+    return _run(guard(deadline), fn, *args)
+
+
+def _run(watch: _Guard | _Unguarded, fn: Callable[..., T], /, *args: Any) -> T:
     try:
-        yield
+        with watch:
+            return fn(*args)
+    except BaseException:
+        watch.close()  # a no-op unless something landed as __exit__ began, before it ran
+        raise
+
+
+@types.coroutine
+def stepped(coro: Coroutine[Any, Any, T], deadline: float | None) -> Generator[Any, Any, T]:
+    """Await ``coro`` with every synchronous stretch of it (between its awaits) guarded.
+
+    What it yields goes to the event loop unchanged, and what the loop sends or throws goes back
+    into it, so this works on any event loop (asyncio, trio).
+    """
+    watch = guard(deadline)  # one guard, entered per step: one place in the watchdog's heap
+    thrown: BaseException | None = None
+    sent: Any = None
+    try:
+        while True:
+            try:
+                if thrown is None:
+                    yielded = _run(watch, coro.send, sent)
+                else:
+                    yielded = _run(watch, coro.throw, thrown)
+            except StopIteration as stop:
+                value: T = stop.value
+                return value
+            except Preempted:
+                if thrown is not None:  # stopped while handling a cancellation: that goes on
+                    raise thrown from None
+                raise
+            thrown = sent = None
+            try:
+                sent = yield yielded
+            except GeneratorExit:
+                raise
+            except BaseException as exc:  # cancellation and the like: the snippet gets it
+                thrown = exc
     finally:
-        _WATCHDOG.disarm(token)
+        if inspect.getcoroutinestate(coro) != inspect.CORO_CLOSED:
+            _close(watch, coro)
+
+
+def _close(watch: _Guard | _Unguarded, coro: Coroutine[Any, Any, Any]) -> None:
+    """Close a snippet left suspended; its cleanup is guarded too, and may not outlast it."""
+    try:
+        _run(watch, coro.close)
+    except Preempted:
+        pass  # out of time in its cleanup as well: the exception on the way out stands

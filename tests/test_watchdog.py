@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
+import anyio
 import pytest
 
 from crashoverride import CrashOverride
+from crashoverride._tools import AgentExit, Workspace
 from crashoverride._watchdog import Preempted, guard
 from tests.helpers import done_step, exec_step, scripted
 
@@ -99,3 +104,205 @@ def test_a_blocking_c_call_is_interrupted_only_when_it_returns() -> None:
     assert time.monotonic() - began >= 0.3
     for _ in range(100_000):
         pass  # and nothing stray afterwards
+
+
+# -- regressions: a stop a bare except cannot swallow; nothing left held; awaited snippets -------
+
+
+def _in_thread(fn: Callable[[], object], timeout: float) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``fn`` in a daemon thread and wait at most ``timeout`` seconds for it."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # recorded for the test to assert on, never hidden
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return thread, outcome
+
+
+def _run_snippet(source: str, seconds: float, **names: Any) -> Callable[[], object]:
+    workspace = Workspace(globals_=dict(names), caller=None, bindings={})
+
+    def run() -> object:
+        workspace.deadline = time.monotonic() + seconds
+        return workspace.execute(source)
+
+    return run
+
+
+# ``released()`` is the test's own way out (the spin never ends by itself); the stop must come
+# from the watchdog while it is still false.
+SWALLOWING = {
+    "swallow_then_spin_again": (
+        "try:\n"
+        "    while not released():\n"
+        "        pass\n"
+        "except:\n"
+        "    pass\n"
+        "while not released():\n"
+        "    try:\n"
+        "        while not released():\n"
+        "            pass\n"
+        "    except BaseException:\n"
+        "        pass\n"
+    ),
+    "in_a_function_the_snippet_defines": (
+        "def spin():\n"
+        "    while not released():\n"
+        "        try:\n"
+        "            while not released():\n"
+        "                pass\n"
+        "        except BaseException as exc:\n"
+        "            pass\n"
+        "spin()\n"
+    ),
+    "spin_while_holding_what_it_caught": (
+        "try:\n"
+        "    while not released():\n"
+        "        pass\n"
+        "except BaseException:\n"
+        "    pass\n"
+        "try:\n"
+        "    n = 1\n"
+        "except BaseException as exc:\n"
+        "    while not released():\n"
+        "        pass\n"
+    ),
+    "spin_inside_the_handler": (
+        "while not released():\n"
+        "    try:\n"
+        "        while not released():\n"
+        "            pass\n"
+        "    except:\n"
+        "        try:\n"
+        "            while not released():\n"
+        "                pass\n"
+        "        except:\n"
+        "            pass\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("source", SWALLOWING.values(), ids=list(SWALLOWING))
+def test_a_bare_except_cannot_swallow_the_stop(source: str) -> None:
+    released = threading.Event()
+    try:
+        thread, outcome = _in_thread(_run_snippet(source, 0.3, released=released.is_set), 15)
+        assert not thread.is_alive(), "the snippet swallowed the stop and is still spinning"
+    finally:
+        released.set()
+    assert isinstance(outcome.get("error"), AgentExit), outcome
+
+
+def test_a_strike_as_snippets_end_leaves_no_lock_held_and_nothing_stray() -> None:
+    # Snippets whose deadline falls right around their end, from two threads at once: the strike
+    # lands anywhere near the end of the snippet, including inside the watchdog's own disarm.
+    def hammer() -> int:
+        workspace = Workspace(globals_={}, caller=None, bindings={})
+        interrupted = 0
+        for i in range(600):
+            workspace.deadline = time.monotonic() + 0.0003 * (i % 7)
+            try:
+                workspace.execute("n = 0\nwhile n < 300:\n    n += 1")
+            except AgentExit:
+                interrupted += 1
+        return interrupted
+
+    threads = [_in_thread(hammer, 0) for _ in range(2)]
+    for thread, _ in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread, _ in threads), "a snippet thread is stuck"
+    outcomes = [outcome for _, outcome in threads]
+    assert all("value" in outcome for outcome in outcomes), outcomes  # no stray Preempted
+    assert sum(outcome["value"] for outcome in outcomes) > 0  # the strikes did happen
+    # The watchdog still works: arming does not block, and a spinning snippet is stopped.
+    thread, outcome = _in_thread(_run_snippet(SPIN, 0.3), 15)
+    assert not thread.is_alive(), "arming blocked or the spin was not interrupted"
+    assert isinstance(outcome.get("error"), AgentExit), outcome
+
+
+AWAITED = {
+    "spin": "import anyio\nawait anyio.sleep(0)\nwhile not released():\n    pass",
+    "spin_swallowing": (
+        "import anyio\n"
+        "await anyio.sleep(0)\n"
+        "while not released():\n"
+        "    try:\n"
+        "        while not released():\n"
+        "            pass\n"
+        "    except BaseException:\n"
+        "        pass\n"
+    ),
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("source", AWAITED.values(), ids=list(AWAITED))
+async def test_an_awaited_snippet_spinning_after_an_await_is_interrupted(
+    anyio_backend: str, source: str
+) -> None:
+    # The spin holds the event loop (this test's thread): a timer ends it should nothing else.
+    released = threading.Event()
+    timer = threading.Timer(10, released.set)
+    timer.daemon = True
+    workspace = Workspace(globals_={"released": released.is_set}, caller=None, bindings={})
+    workspace.deadline = time.monotonic() + 0.3
+    timer.start()
+    try:
+        with pytest.raises(AgentExit):
+            await workspace.execute(source)
+        assert not released.is_set(), "only the test's own timer ended the spin"
+    finally:
+        timer.cancel()
+
+
+@pytest.mark.anyio
+async def test_an_awaited_snippet_still_gets_values_and_cancellation(anyio_backend: str) -> None:
+    workspace = Workspace(globals_={}, caller=None, bindings={})
+    workspace.deadline = time.monotonic() + 30
+    source = "import anyio\nawait anyio.sleep(0.01)\nn = 41\nn + 1"
+    assert await workspace.execute(source) == 42
+    with anyio.move_on_after(0.1) as scope:
+        await workspace.execute("import anyio\nawait anyio.sleep(30)")
+    assert scope.cancelled_caught
+
+
+def test_the_previous_trace_function_is_restored() -> None:
+    calls: list[str] = []
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        calls.append(event)
+
+    workspace = Workspace(globals_={}, caller=None, bindings={})
+    sys.settrace(tracer)
+    try:
+        workspace.deadline = time.monotonic() + 30
+        assert workspace.evaluate("1 + 1") == 2
+        assert sys.gettrace() is tracer
+        workspace.deadline = time.monotonic() + 0.2
+        with pytest.raises(AgentExit):
+            workspace.execute(SPIN)
+        assert sys.gettrace() is tracer
+    finally:
+        sys.settrace(None)
+
+
+def test_only_snippet_code_is_line_traced() -> None:
+    seen: dict[str, Any] = {}
+
+    def probe() -> None:  # application code the snippet calls
+        tracer = sys.gettrace()
+        assert tracer is not None
+        seen["app"] = tracer(sys._getframe(), "call", None)
+        seen["snippet"] = tracer(sys._getframe(1), "call", None)
+
+    workspace = Workspace(globals_={"probe": probe}, caller=None, bindings={})
+    workspace.deadline = time.monotonic() + 30
+    workspace.execute("probe()")
+    assert seen["app"] is None
+    assert callable(seen["snippet"])
