@@ -17,6 +17,9 @@ timeout, a cancel scope) can fire. While a snippet runs under :func:`guard`:
   seconds while the owner's thread is still running snippet code;
 * ``Preempted`` derives from ``BaseException``, so ``except Exception`` lets it through anyway.
 
+A snippet with top-level ``await`` is driven by :func:`stepped`, one guarded step at a time:
+each stretch of it between two awaits holds the event loop just the same.
+
 Nothing is raised outside the guarded code and no lock is ever left held. An asynchronous
 exception is delivered only where the interpreter checks for pending work (the end of a call,
 the start of a function, a backward jump). The watchdog strikes while holding a plain C lock,
@@ -25,15 +28,15 @@ and leaving the guard takes that lock first, so no strike comes after it; one se
 callers then simply run it again. ``with lock:`` on a C lock is inside its body as soon as the
 lock is taken, where a Python-level lock (``threading.Condition``, ``Event``) can be
 interrupted after taking it and stay taken for good; the watchdog thread is woken through a C
-``SimpleQueue`` for the same reason.
-A strike is never withdrawn with ``PyThreadState_SetAsyncExc(id, NULL)``: before 3.13 that
-leaves the interpreter's "pending work" flag set for good, which slows every thread down and,
-with a trace function installed, makes the next function call spin forever.
+``SimpleQueue`` for the same reason. A strike is never withdrawn with
+``PyThreadState_SetAsyncExc(id, NULL)``: before 3.13 that leaves the interpreter's "pending
+work" flag set for good, which slows every thread down and, with a trace function installed,
+makes the next function call spin forever.
 
 What it cannot stop: a blocking C call (``time.sleep``, ``lock.acquire``, a socket read) before
-it returns, and a snippet that keeps every ``Preempted`` it catches alive while it spins.
-Interrupted code may leave state half-updated: the stop comes only once the recovery has already
-failed by running out of time.
+it returns, and application code the snippet calls that swallows every exception in a loop (it
+is not traced). Interrupted code may leave state half-updated: the stop comes only once the
+recovery has already failed by running out of time.
 """
 
 from __future__ import annotations

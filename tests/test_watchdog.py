@@ -272,24 +272,38 @@ async def test_an_awaited_snippet_still_gets_values_and_cancellation(anyio_backe
     assert scope.cancelled_caught
 
 
-def test_the_previous_trace_function_is_restored() -> None:
-    calls: list[str] = []
+def test_a_debuggers_trace_function_is_restored_and_still_works_after_a_stop() -> None:
+    # Stopping a snippet must not leave the interpreter's pending-work flag set for good (as
+    # withdrawing a strike with PyThreadState_SetAsyncExc(id, NULL) does before 3.13): under a
+    # trace function (a debugger, coverage) the next function call would then spin forever.
+    events: list[str] = []
 
     def tracer(frame: Any, event: str, arg: Any) -> None:
-        calls.append(event)
+        events.append(event)
 
-    workspace = Workspace(globals_={}, caller=None, bindings={})
-    sys.settrace(tracer)
-    try:
-        workspace.deadline = time.monotonic() + 30
-        assert workspace.evaluate("1 + 1") == 2
-        assert sys.gettrace() is tracer
-        workspace.deadline = time.monotonic() + 0.2
-        with pytest.raises(AgentExit):
-            workspace.execute(SPIN)
-        assert sys.gettrace() is tracer
-    finally:
-        sys.settrace(None)
+    def double(n: int) -> int:
+        return 2 * n
+
+    def traced() -> int:
+        workspace = Workspace(globals_={}, caller=None, bindings={})
+        sys.settrace(tracer)
+        try:
+            workspace.deadline = time.monotonic() + 30
+            assert workspace.evaluate("1 + 1") == 2
+            assert sys.gettrace() is tracer
+            workspace.deadline = time.monotonic() + 0.2
+            with pytest.raises(AgentExit):
+                workspace.execute(SPIN)
+            assert sys.gettrace() is tracer
+            events.clear()
+            return sum(double(n) for n in range(10))
+        finally:
+            sys.settrace(None)
+
+    thread, outcome = _in_thread(traced, 15)
+    assert not thread.is_alive(), "a traced call after the stop hangs"
+    assert outcome.get("value") == 90, outcome
+    assert "call" in events
 
 
 def test_only_snippet_code_is_line_traced() -> None:
