@@ -127,7 +127,9 @@ class Handler:
             return False
         # The first traceback entry is the frame that holds the ``with`` statement.
         frame = tb.tb_frame if tb is not None else None
-        return self._settle(self.recover(exc, lambda: _with_block(settings, frame)), exc)
+        # A partial, not a lambda: a closure would make ``settings`` and ``frame`` cell
+        # variables, paid on every exit, including the happy path's.
+        return self._settle(self.recover(exc, functools.partial(_with_block, settings, frame)), exc)
 
     async def __aenter__(self) -> Handler:
         return self
@@ -144,7 +146,7 @@ class Handler:
         if not isinstance(exc, settings.catch):
             return False
         frame = tb.tb_frame if tb is not None else None
-        decision = await self.arecover(exc, lambda: _with_block(settings, frame))
+        decision = await self.arecover(exc, functools.partial(_with_block, settings, frame))
         return self._settle(decision, exc)
 
     # -- decorator -------------------------------------------------------------------------
