@@ -122,3 +122,19 @@ async def test_async_give_up_reraises(anyio_backend: str) -> None:
     with pytest.raises(ConnectionError) as info:
         await fetch()
     assert any("gave up: no data" in n for n in info.value.__notes__)
+
+
+def test_generator_functions_are_refused_at_decoration_time() -> None:
+    from crashoverride import ConfigurationError
+
+    co = CrashOverride(model="m", api_key="k")
+
+    def numbers() -> Any:
+        yield 1
+
+    async def stream() -> Any:
+        yield 1
+
+    for func in (numbers, stream):
+        with pytest.raises(ConfigurationError, match="generator function"):
+            co.handler()(func)
