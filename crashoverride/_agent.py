@@ -18,12 +18,12 @@ from . import _clients
 from ._agent_tools import agent_tools, tool_failure
 from ._bridge import Dispatch
 from ._clients import Lease
+from ._namespace import AgentExit, Workspace
 from ._report import ToolCallRecord, Usage
 from ._settings import Settings
 from ._state import RunState
 from ._text import clip
 from ._toolbox import BY_NAME
-from ._tools import AgentExit, Workspace
 
 Check = Callable[[], Any]  # returns None/True when recovered, or a reason string / False
 

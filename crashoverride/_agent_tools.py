@@ -19,10 +19,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._bridge import Dispatch
+from ._namespace import AgentExit, AgentInterrupted, Workspace, describe_result, format_tool_error
 from ._report import ToolCallRecord
 from ._text import clip
 from ._toolbox import Tool, offered
-from ._tools import AgentExit, AgentInterrupted, Workspace, describe_result, format_tool_error
 
 if TYPE_CHECKING:
     from ._agent import AgentJob

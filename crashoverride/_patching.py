@@ -30,7 +30,7 @@ ORIGINS: weakref.WeakKeyDictionary[types.FunctionType, tuple[str, int, str]] = (
 def _as_function(value: Any, where: dict[str, Any]) -> types.FunctionType:
     if isinstance(value, str):
         namespace: dict[str, Any] = {}
-        from ._tools import compile_source
+        from ._namespace import compile_source
 
         exec(compile_source(value), where, namespace)
         functions = [v for v in namespace.values() if isinstance(v, types.FunctionType)]

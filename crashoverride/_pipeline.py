@@ -26,11 +26,11 @@ import structlog  # noqa: F401  (loaded with the pipeline, off the loop: see _ha
 from . import _agent, _bridge, _log
 from ._block import Block
 from ._bridge import Dispatch, Job, Placement
+from ._namespace import AgentInterrupted
 from ._owner_thread import drive
 from ._recovery import Decision, Recovery, internal_failure
 from ._seen import mark, seen
 from ._settings import Settings
-from ._tools import AgentInterrupted
 
 _LEADER_LOST = "the concurrent recovery of this failure did not recover it"
 _OVERLOADED = "too many recoveries at once (max_concurrent_recoveries)"

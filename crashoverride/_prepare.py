@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from ._agent import AgentJob
 from ._frames import CallerLocals
+from ._namespace import Workspace
 from ._patching import rebind_everywhere, replace_function, show_source
 from ._persist import SourceEditor
 from ._prompt import build_input, build_instructions
 from ._text import summarize_locals
-from ._tools import Workspace
 from .followups._session import FollowupSession
 
 if TYPE_CHECKING:

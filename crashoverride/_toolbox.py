@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 if TYPE_CHECKING:
-    from ._tools import Workspace
+    from ._namespace import Workspace
 
 REPAIR: Final = "repair"
 DIAGNOSE: Final = "diagnose"

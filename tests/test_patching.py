@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from crashoverride import CrashOverride
+from crashoverride._namespace import compile_source
 from crashoverride._patching import origin, replace_function, show_source
-from crashoverride._tools import compile_source
 from tests.fixtures.pricing import make_counter
 from tests.helpers import done_step, exec_step, scripted, tool_outputs
 

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from crashoverride import CrashOverride
-from crashoverride._tools import AgentExit, Workspace
+from crashoverride._namespace import AgentExit, Workspace
 from crashoverride._watchdog import Preempted, guard
 from tests.helpers import done_step, exec_step, scripted
 

@@ -63,8 +63,8 @@ class FollowupRecord:
 
     def prepare(self) -> AgentJob:
         from .._agent import AgentJob
+        from .._namespace import Workspace
         from .._prompt import build_instructions
-        from .._tools import Workspace
 
         job, state, block = self.job, self.state, self.block
         assert block is not None
