@@ -115,7 +115,7 @@ def _control_rows() -> list[Row]:
             _scripted([_exec("await anyio.Event().wait()"), done], timeout=0.5), "asyncio")),
         ("agent code awaits forever (trio)", 0.5, _async_block(
             _scripted([_exec("await anyio.Event().wait()"), done], timeout=0.5), "trio")),
-        ("sync app tool deadlocked (with, temporary loop)", 0.5, _with_block(
+        ("sync app tool deadlocked (with, owner thread)", 0.5, _with_block(
             _scripted([tool, done], tools=[lookup_inventory], timeout=0.5))),
         ("sync app tool deadlocked (async with, trio)", 0.5, _async_block(
             _scripted([tool, done], tools=[lookup_inventory], timeout=0.5), "trio")),

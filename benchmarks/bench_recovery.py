@@ -123,7 +123,7 @@ def run() -> list[Row]:
     async_p50, async_p95 = _percentiles(async_latencies(RUNS))
     growth, released = memory(10_000)
     return [
-        row("recovery raise→resume, sync with (temporary loop), p50", sync_p50, "ms",
+        row("recovery raise→resume, sync with (owner thread), p50", sync_p50, "ms",
             target="<= 15 ms", note="scripted instant model"),
         row("recovery raise→resume, sync with, p95", sync_p95, "ms"),
         row("recovery raise→resume, async with (asyncio), p50", async_p50, "ms",

@@ -11,9 +11,9 @@ parts of a client live differently:
 
 The end of a loop is observed through asyncio's async-generator hooks: each loop's cache keeps
 one suspended async generator registered with the loop, and ``asyncio.run`` and
-``asyncio.Runner`` (uvicorn, anyio, the bridge's temporary loops) close all such generators
+``asyncio.Runner`` (uvicorn, anyio, the bridge's worker-thread loops) close all such generators
 before closing the loop (``loop.shutdown_asyncgens``); its ``finally`` closes the clients.
-So a temporary loop (the sync ``with`` path, the worker-thread placements) closes its client
+So a worker thread's loop (the sync ``with`` path, the trio placement) closes its client
 when the recovery's loop ends, and the application's loop keeps one client for its lifetime.
 A loop that cannot report its end this way gets a client per run, closed by that run.
 
