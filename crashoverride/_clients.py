@@ -327,7 +327,7 @@ class _LoopClients:
         try:
             # Shielded: a run cancelled while waiting must not cancel the build others share.
             client = await asyncio.shield(slot.future)
-        except BaseException:
+        except BaseException:  # cancellation included: give the slot back, then re-raise
             slot.users -= 1
             if slot.failed() and self._slots.get(key) is slot:
                 del self._slots[key]  # the next run builds again

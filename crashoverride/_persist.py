@@ -203,7 +203,7 @@ def _create(stem: str, suffix: str, text: str, mode: int | None = None) -> str:
                 if mode is not None:
                     os.chmod(name, mode)
                 os.fsync(handle.fileno())
-        except BaseException:
+        except BaseException:  # cleanup only: it is re-raised
             with contextlib.suppress(OSError):
                 os.unlink(name)
             raise
@@ -236,7 +236,7 @@ def _replace(path: str, text: str) -> None:
             os.chmod(temporary, stat.S_IMODE(info.st_mode))  # after chown, which drops setuid
             os.fsync(handle.fileno())
         os.replace(temporary, real)
-    except BaseException:
+    except BaseException:  # cleanup only: it is re-raised
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise

@@ -14,9 +14,10 @@ terminal event. Any other failure of ours ends with the user's exception re-rais
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from inspect import isawaitable
 from typing import Any
 
@@ -51,24 +52,23 @@ def inside(recovery_id: str, job: Job, *, agent_code: bool = False) -> Job:
     """
 
     def marked() -> Any:
-        token = _INSIDE.set(recovery_id)
-        try:
+        with _marked(recovery_id, agent_code):
             value = job()
-        except KeyboardInterrupt as interrupt:
-            if not agent_code:
-                raise
-            raise AgentInterrupted(interrupt) from None
-        finally:
-            _INSIDE.reset(token)
         return _marked_async(recovery_id, value, agent_code) if isawaitable(value) else value
 
     return marked
 
 
 async def _marked_async(recovery_id: str, awaitable: Awaitable[Any], agent_code: bool) -> Any:
+    with _marked(recovery_id, agent_code):
+        return await awaitable
+
+
+@contextlib.contextmanager
+def _marked(recovery_id: str, agent_code: bool) -> Iterator[None]:
     token = _INSIDE.set(recovery_id)
     try:
-        return await awaitable
+        yield
     except KeyboardInterrupt as interrupt:
         if not agent_code:
             raise
@@ -237,7 +237,7 @@ def recover_sync(app: Any, settings: Settings, exc: BaseException, block: Block)
     except Exception as problem:
         internal_failure(exc, problem)
         return None
-    except BaseException:
+    except BaseException:  # an interrupt or exit: one terminal event, then it propagates
         rec.cancelled("interrupted")
         raise
     finally:

@@ -100,7 +100,8 @@ async def test_the_happy_path_imports_nothing(anyio_backend: str) -> None:
 def test_under_a_blocking_call_detector_the_server_gets_the_application_exception(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    blockbuster = pytest.importorskip("blockbuster")  # it watches asyncio loops: uvicorn's here
+    import blockbuster  # in the dev extra; it watches asyncio loops: uvicorn's here
+
     model = scripted(give_up_step("the price source has no usable field"))
     app = asgi_apps.starlette_app(crash_override=CrashOverride(model=model))
     detector = blockbuster.BlockBuster(["crashoverride", "crashoverride.integrations"])

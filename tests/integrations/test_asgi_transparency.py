@@ -40,7 +40,8 @@ def test_the_application_timeout_is_the_default_budget() -> None:
         response = httpx.get(server.url + "/price/apple", timeout=15)
         elapsed = time.monotonic() - began
     assert response.status_code == 500
-    assert elapsed < 5, f"the recovery outlived the application's timeout: {elapsed:.1f}s"
+    # The middleware's old default budget was 30 s; 12 s leaves a loaded machine ample room.
+    assert elapsed < 12, f"the recovery outlived the application's timeout: {elapsed:.1f}s"
 
 
 def test_an_explicit_timeout_overrides_the_application_one() -> None:
@@ -55,7 +56,7 @@ def test_an_explicit_timeout_overrides_the_application_one() -> None:
         response = httpx.get(server.url + "/price/apple", timeout=15)
         elapsed = time.monotonic() - began
     assert response.status_code == 500
-    assert elapsed < 5
+    assert elapsed < 12  # the application's 60 s would have been used instead
 
 
 # -- same task, same context, same exceptions -----------------------------------------------------
@@ -87,7 +88,8 @@ class ContextSetterBaseHTTP(BaseHTTPMiddleware):
 def blocking_detector() -> Iterator[None]:
     """Starlette's own suite runs with this on: blocking calls made on the loop by anything
     called from Starlette raise."""
-    blockbuster = pytest.importorskip("blockbuster")
+    import blockbuster  # in the dev extra: these tests always run
+
     detector = blockbuster.BlockBuster("starlette")
     detector.functions["os.stat"].can_block_in("/mimetypes.py", "init")
     detector.functions["os.stat"].can_block_in("<frozen linecache>", {"checkcache", "updatecache"})
