@@ -31,11 +31,11 @@ Check = Callable[[], Any]  # returns None/True when recovered, or a reason strin
 class AgentRun:
     """What the SDK run produced."""
 
-    def __init__(self) -> None:
+    def __init__(self, failure: str | None = None) -> None:
         self.final_output = ""
         self.turns = 0
         self.usage = Usage()
-        self.failure: str | None = None
+        self.failure = failure
 
 
 class AgentJob:
@@ -131,16 +131,33 @@ def _import_into(future: concurrent.futures.Future[None]) -> None:
             future.set_exception(RuntimeError("the SDK import was interrupted"))
 
 
+NO_API_KEY = "no API key: set OPENAI_API_KEY or pass api_key= (or base_url=)"
+
+
+def missing_credentials(settings: Settings) -> str | None:
+    """Why no model can be reached with ``settings``, or None. Costs no import.
+
+    The pipeline asks before anything else: without credentials the recovery fails in
+    microseconds rather than after the seconds of the SDK import.
+    """
+    model = settings.model
+    if model is not None and not isinstance(model, str):
+        return None  # an SDK Model instance brings its own client (or needs none)
+    if settings.openai_client_factory is not None or settings.base_url is not None:
+        return None  # the user's client, or a server that usually ignores the key
+    if settings.api_key is None and not os.environ.get("OPENAI_API_KEY"):
+        return NO_API_KEY
+    return None
+
+
 async def _build_model(settings: Settings, leases: list[Lease]) -> Any:
     """The model for this run; cached clients it uses are appended to ``leases`` (to release)."""
     model = settings.model
     if model is not None and not isinstance(model, str):
         return model  # an SDK Model instance, e.g. agents.testing.ScriptedModel
-    if settings.openai_client_factory is None and settings.base_url is None:
-        if settings.api_key is None and not os.environ.get("OPENAI_API_KEY"):
-            raise RuntimeError("no API key: set OPENAI_API_KEY or pass api_key= (or base_url=)")
-        if settings.api_key is None:
-            return model  # the SDK's default provider reads the environment
+    no_client = settings.openai_client_factory is None and settings.base_url is None
+    if no_client and settings.api_key is None:
+        return model  # the SDK's default provider reads the key ``missing_credentials`` found
     from agents import OpenAIChatCompletionsModel, OpenAIResponsesModel
     from agents.models.default_models import get_default_model
 

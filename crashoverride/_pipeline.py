@@ -97,6 +97,11 @@ async def run(rec: Any, place: Placement) -> Any:
 
 
 async def _steps(rec: Any, place: Placement, call: Dispatch) -> Any:
+    # 1. admit, first of all: a run that cannot reach a model must not pay for the SDK import
+    # (seconds) or hold a flight or slot to learn that.
+    missing = _agent.missing_credentials(rec.settings)
+    if missing is not None:
+        return rec.concluded(_agent.AgentRun(failure=missing), None)
     if rec.coordinated:
         refused = await _coordinate(rec, call)
         if refused is not None:
