@@ -20,6 +20,7 @@ REPLAY_FAILED = "recovery.replay_failed"
 LOOP_BLOCKED = "recovery.loop_blocked"
 CALLBACK_FAILED = "recovery.callback_failed"
 SOURCE_CHANGED = "recovery.source_changed"
+WARM_UP_FAILED = "recovery.warm_up_failed"
 
 FOLLOWUP_SUBMITTED = "followup.submitted"
 FOLLOWUP_STARTED = "followup.started"

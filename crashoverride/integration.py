@@ -32,6 +32,7 @@ from ._handler import Handler
 from ._log import CANCELLED as RECOVERY_CANCELLED
 from ._log import FAILED as RECOVERY_FAILED
 from ._log import SKIPPED as RECOVERY_SKIPPED
+from ._log import WARM_UP_FAILED as RECOVERY_WARM_UP_FAILED
 from ._recovery import Decision as Outcome
 from ._recovery import fingerprint
 from ._redact import MASK, Redactor, is_secret_name
@@ -44,6 +45,7 @@ __all__ = [
     "RECOVERY_CANCELLED",
     "RECOVERY_FAILED",
     "RECOVERY_SKIPPED",
+    "RECOVERY_WARM_UP_FAILED",
     "UNSET",
     "Block",
     "Outcome",
@@ -111,7 +113,7 @@ def skip(handler: Handler, exc: BaseException, reason: str, **fields: Any) -> No
 
 def redactor(handler: Handler) -> Redactor:
     """The redaction policy of ``handler`` (its ``is_secret`` tells secret-looking names)."""
-    return Redactor((), handler.settings.redaction)
+    return Redactor.for_settings(handler.settings)
 
 
 def emit(level: str, event: str, **fields: Any) -> None:

@@ -18,7 +18,9 @@ What it does:
 * If the response had already started, nothing more is sent: the exception propagates and a
   ``recovery.skipped`` event says why.
 * ``lifespan``: passed through; the middleware also opens the task group background work
-  spawned by recoveries runs in, and drains it (bounded) at shutdown.
+  spawned by recoveries runs in, and drains it (bounded) at shutdown. With ``warm_up`` (the
+  default) startup first imports the Agents SDK in a worker thread, so a server's first failure
+  does not stall its event loop with that import (see ``CrashOverride.awarm_up``).
 * ``websocket`` and other scopes: passed straight through. Websocket recovery is not supported.
 
 Installed with ``add_middleware`` it sits inside Starlette's ``ServerErrorMiddleware`` (which
@@ -91,6 +93,10 @@ class CrashOverrideMiddleware:
         followups: Follow-up objectives added to the application's (see
             ``crashoverride.followups``). Follow-ups of a request recovery run in the lifespan's
             task group unless a ``followup_runner`` is configured.
+        warm_up: At lifespan startup, import the Agents SDK (1-3 s, in a worker thread, before
+            the app's own startup runs) rather than at the first failure, where the import
+            would compete with every other request for the interpreter. ``False`` keeps the
+            import lazy: faster boots, and a first recovery that stalls the server briefly.
     """
 
     def __init__(
@@ -113,6 +119,7 @@ class CrashOverrideMiddleware:
         model: Any = UNSET,
         max_turns: Any = UNSET,
         followups: str | Iterable[str] = (),
+        warm_up: bool = True,
     ) -> None:
         if not callable(app):
             raise ConfigurationError("app", f"expected an ASGI application, got {app!r}")
@@ -148,6 +155,9 @@ class CrashOverrideMiddleware:
         self._request_id = (
             request_id_header.strip().lower().encode("latin-1") if request_id_header else None
         )
+        if not isinstance(warm_up, bool):
+            raise ConfigurationError("warm_up", f"expected a bool, got {type(warm_up).__name__}")
+        self._warm_up = warm_up
         self._filtered = bool(self._include or self._exclude or self._methods)
         self._runner: TaskGroupRunner | None = None
 
@@ -295,6 +305,8 @@ class CrashOverrideMiddleware:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
                     self._runner = runner
+                    if self._warm_up:
+                        await self._warm()
                 elif message["type"] == "lifespan.shutdown":
                     # Finish follow-up work while the app's resources still exist, then let
                     # the app's own shutdown run.
@@ -318,6 +330,17 @@ class CrashOverrideMiddleware:
                 raise failure
             finally:
                 failure = None
+
+    async def _warm(self) -> None:
+        try:
+            await self._co.awarm_up()
+        except Exception as exc:
+            # A broken SDK install must not stop the app from starting: the first recovery
+            # meets the same error and reports it where it belongs.
+            integration.emit(
+                "warning", integration.RECOVERY_WARM_UP_FAILED,
+                error=integration.clip(f"{type(exc).__name__}: {exc}", 500),
+            )  # fmt: skip
 
 
 # -- option validation ------------------------------------------------------------------------
