@@ -1,10 +1,8 @@
-"""The ``crashoverride`` command: ``demo`` (offline by default) and ``doctor``."""
+"""The ``crashoverride`` command: ``demo`` (offline by default) and ``doctor`` (see _doctor)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import importlib.util
 import os
 import sys
 import time
@@ -103,87 +101,49 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if held == total else 1
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _caller_locals_work() -> bool:
-    from ._frames import CallerLocals
-
-    frame = sys._getframe()
-    probe = 0
-    CallerLocals(frame)["probe"] = 1
-    return probe == 1
-
-
-def _endpoint_answers(base_url: str, key: str | None) -> tuple[bool, str]:
-    import urllib.error
-    import urllib.request
-
-    request = urllib.request.Request(base_url.rstrip("/") + "/models")
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(request, timeout=3) as response:
-            return True, f"HTTP {response.status}"
-    except urllib.error.HTTPError as exc:  # it answered, even if it refused us
-        return exc.code < 500, f"HTTP {exc.code}"
-    except (OSError, ValueError) as exc:
-        return False, f"{type(exc).__name__}: {exc}"
-
-
 def doctor(args: argparse.Namespace) -> int:
-    healthy = True
+    from ._doctor import checks, render
 
-    def line(ok: bool | None, label: str, detail: str) -> None:
-        mark = {True: "ok  ", False: "FAIL", None: "info"}[ok]
-        print(f"{mark} {label}: {detail}")
-
-    version = ".".join(map(str, sys.version_info[:3]))
-    line(sys.version_info >= (3, 11), "python", version)
-    native = sys.version_info >= (3, 13)
-    works = _caller_locals_work()
-    healthy &= works
-    how = "native write-through proxy (PEP 667)" if native else "PyFrame_LocalsToFast"
-    line(works, "caller locals write-through", how if works else "NOT working")
-    sdk = _version("openai-agents")
-    healthy &= sdk is not None
-    line(sdk is not None, "openai-agents", sdk or "not installed")
-    line(None, "openai", _version("openai") or "not installed")
-    for extra, dist in (("starlette", "starlette"), ("celery", "celery"), ("uvicorn", "uvicorn"),
-                        ("trio", "trio")):  # fmt: skip
-        found = importlib.util.find_spec(dist) is not None
-        line(None, f"extra {extra}", _version(dist) or "installed" if found else "not installed")
-    key = os.environ.get("OPENAI_API_KEY")
-    line(None, "API key", "configured (OPENAI_API_KEY, not shown)" if key else "not configured")
-    base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
-    if base_url:
-        ok, detail = _endpoint_answers(base_url, key)
-        healthy &= ok
-        line(ok, f"endpoint {base_url}", detail)
-    elif not key:
-        healthy = False
-        line(False, "model access", "no OPENAI_API_KEY and no --base-url: recoveries would fail")
-    tracing_off = os.environ.get("OPENAI_AGENTS_DISABLE_TRACING", "").lower() in ("1", "true")
-    line(None, "SDK tracing", "off (crashoverride disables it per run unless tracing=True)"
-         + ("; also disabled globally" if tracing_off else ""))  # fmt: skip
-    print("healthy" if healthy else "NOT healthy")
-    return 0 if healthy else 1
+    found = checks(base_url=args.base_url, model=args.model, timeout=args.timeout,
+                   celery_app=args.celery_app)  # fmt: skip
+    print(render(found, as_json=args.json))
+    return 1 if any(check.status == "fail" for check in found) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="crashoverride", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="crashoverride", description="crashoverride: the offline demo and the doctor."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run_demo = commands.add_parser("demo", help="watch three recoveries (offline by default)")
     run_demo.add_argument("--live", action="store_true", help="use a real model")
     run_demo.add_argument("--base-url", help="an OpenAI-compatible endpoint for --live")
     run_demo.add_argument("--model", help="model name for --live (default: the SDK's)")
     run_demo.set_defaults(run=demo)
-    check = commands.add_parser("doctor", help="check this installation and the model endpoint")
-    check.add_argument("--base-url", help="an OpenAI-compatible endpoint to check")
+    check = commands.add_parser(
+        "doctor",
+        help="check that a recovery could run right now",
+        description="Check that a recovery could run right now: Python support, the Agents "
+        "SDK, credentials, and one real minimal request to the model endpoint (OPENAI_API_KEY "
+        "and OPENAI_BASE_URL are read from the environment). The first line is the verdict; "
+        "exit status 0 only when healthy.",
+    )
+    check.add_argument("--base-url", help="the base_url= your CrashOverride uses, if any")
+    check.add_argument("--model", help="the model= your CrashOverride uses (default: the SDK's)")
+    check.add_argument("--timeout", type=float, default=10.0,
+                       help="seconds to wait for the endpoint (default: 10)")  # fmt: skip
+    check.add_argument("--celery-app", metavar="MODULE:APP",
+                       help="also check that a running worker consumes this Celery app's "
+                       "follow-up queue")  # fmt: skip
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.set_defaults(run=doctor)
     args = parser.parse_args(argv)
-    return int(args.run(args))
+    try:
+        code = int(args.run(args))
+        sys.stdout.flush()  # here, so a closed pipe is met inside the handler below
+    except BrokenPipeError:
+        # The reader left (``doctor | head -1``): what it read is the answer. Point stdout at
+        # devnull so the interpreter's final flush does not report the pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return code

@@ -13,6 +13,8 @@ from typing import Any
 STARTED = "recovery.started"
 TOOL_CALLED = "recovery.tool_called"
 SUCCEEDED = "recovery.succeeded"
+# A repair-only block (a response that had started) whose code was repaired for later calls.
+REPAIRED = "recovery.repaired"
 FAILED = "recovery.failed"
 SKIPPED = "recovery.skipped"
 CANCELLED = "recovery.cancelled"
@@ -27,6 +29,8 @@ FOLLOWUP_STARTED = "followup.started"
 FOLLOWUP_TOOL_CALLED = "followup.tool_called"
 FOLLOWUP_SUCCEEDED = "followup.succeeded"
 FOLLOWUP_FAILED = "followup.failed"
+# Sent to a queue (Celery) that no running worker consumes: it will wait there, unrun.
+FOLLOWUP_UNCONSUMED = "followup.unconsumed"
 
 BACKGROUND_SUBMITTED = "background.submitted"
 BACKGROUND_SUCCEEDED = "background.succeeded"

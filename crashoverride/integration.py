@@ -30,6 +30,7 @@ from typing import Any
 from ._block import Block, call_block, result_view
 from ._handler import Handler
 from ._log import CANCELLED as RECOVERY_CANCELLED
+from ._log import FOLLOWUP_UNCONSUMED
 from ._log import FAILED as RECOVERY_FAILED
 from ._log import SKIPPED as RECOVERY_SKIPPED
 from ._log import WARM_UP_FAILED as RECOVERY_WARM_UP_FAILED
@@ -41,6 +42,7 @@ from ._text import clip
 from ._verdict import judge
 
 __all__ = [
+    "FOLLOWUP_UNCONSUMED",
     "MASK",
     "RECOVERY_CANCELLED",
     "RECOVERY_FAILED",

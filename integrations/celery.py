@@ -29,6 +29,10 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import math
+import threading
+import time
+import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +45,15 @@ if TYPE_CHECKING:
     from crashoverride import CrashOverride, Handler
     from crashoverride.followups import FollowupJob
 
-__all__ = ["FOLLOWUP_QUEUE", "FOLLOWUP_TASK", "CeleryRunner", "CrashOverrideTask", "install"]
+__all__ = [
+    "FOLLOWUP_QUEUE",
+    "FOLLOWUP_TASK",
+    "CeleryRunner",
+    "CrashOverrideTask",
+    "followup_queue",
+    "install",
+    "queue_consumers",
+]
 
 FOLLOWUP_TASK = "crashoverride.followup"
 FOLLOWUP_QUEUE = "crashoverride.followups"
@@ -213,11 +225,114 @@ def _run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
 # ------------------------------------------------------------------------------ follow-ups
 
 
+# A broadcast waits its whole timeout for replies; its answer is trusted this long, so a
+# burst of follow-ups costs one round trip, not one each.
+CONSUMER_CHECK_TIMEOUT = 1.0
+CONSUMER_CHECK_TTL = 60.0
+
+
+def followup_queue(app: celery.Celery) -> str:
+    """The queue ``install`` made this app's follow-ups go to."""
+    return str(app.conf.get(CONF_QUEUE) or FOLLOWUP_QUEUE)
+
+
+def queue_consumers(
+    app: celery.Celery, queue: str, *, timeout: float = CONSUMER_CHECK_TIMEOUT
+) -> set[str] | None:
+    """Names of the running workers consuming ``queue``; None when the broker cannot be asked.
+
+    One ``inspect().active_queues()`` broadcast: it waits ``timeout`` seconds for replies. A
+    worker busy in a task with the solo pool cannot answer until the task ends.
+    """
+    try:
+        replies = app.control.inspect(timeout=timeout).active_queues() or {}
+    except Exception:  # broker down or refusing: unknown, not "nobody"
+        return None
+    return {
+        worker
+        for worker, queues in replies.items()
+        if any(isinstance(q, dict) and q.get("name") == queue for q in queues or ())
+    }
+
+
+def _consumed_here(app: celery.Celery, queue: str) -> bool:
+    # Submitted by a task in a worker that consumes the queue itself: no round trip needed, and
+    # a solo-pool worker could not answer a broadcast while it runs this task anyway.
+    if app.current_worker_task is None:
+        return False
+    return queue in app.amqp.queues.consume_from
+
+
+class _ConsumerWatch:
+    """Whether a running worker consumes one queue: asked in a daemon thread (a broadcast
+    blocks for its timeout, and a submit may happen on an event loop), at most once per
+    ``CONSUMER_CHECK_TTL``; jobs submitted while nobody consumes it are warned about."""
+
+    def __init__(self, app: celery.Celery, queue: str) -> None:
+        self.app, self.queue = app, queue
+        self._lock = threading.Lock()
+        self._checked = -math.inf
+        self._consumed: bool | None = None
+        self._waiting: list[str] = []  # jobs submitted while a check is under way
+        self._checking = False
+
+    def submitted(self, job_id: str) -> None:
+        start = unconsumed = False
+        with self._lock:
+            if time.monotonic() - self._checked < CONSUMER_CHECK_TTL:
+                unconsumed = self._consumed is False
+            else:
+                self._waiting.append(job_id)
+                start, self._checking = not self._checking, True
+        if unconsumed:
+            _warn_unconsumed(self.queue, [job_id])
+        if start:
+            threading.Thread(
+                target=self._check, name="crashoverride-celery-queues", daemon=True
+            ).start()
+
+    def _check(self) -> None:
+        consumers: set[str] | None = None
+        try:
+            consumers = queue_consumers(self.app, self.queue)
+        finally:
+            with self._lock:
+                self._checked = time.monotonic()
+                self._consumed = None if consumers is None else bool(consumers)
+                waiting, self._waiting, self._checking = self._waiting, [], False
+        if consumers is not None and not consumers:
+            _warn_unconsumed(self.queue, waiting)
+
+
+def _warn_unconsumed(queue: str, job_ids: list[str]) -> None:
+    for job_id in job_ids:
+        integration.emit(
+            "warning", integration.FOLLOWUP_UNCONSUMED, followup_id=job_id, queue=queue,
+            runner="CeleryRunner", fix=f"start a worker that consumes it: -Q celery,{queue}",
+        )  # fmt: skip
+
+
+_watches: weakref.WeakKeyDictionary[Any, dict[str, _ConsumerWatch]] = weakref.WeakKeyDictionary()
+_watches_lock = threading.Lock()
+
+
+def _watch(app: celery.Celery, queue: str) -> _ConsumerWatch:
+    with _watches_lock:
+        per_queue = _watches.setdefault(app, {})
+        watch = per_queue.get(queue)
+        if watch is None:
+            watch = per_queue[queue] = _ConsumerWatch(app, queue)
+        return watch
+
+
 class CeleryRunner:
     """Sends follow-ups to the ``crashoverride.followup`` task on ``queue`` (a ``JobRunner``).
 
     The job is durable once the broker has it; any worker consuming ``queue`` with ``install``
-    called on its app runs it. In eager mode (``task_always_eager``) it runs in place.
+    called on its app runs it. In eager mode (``task_always_eager``) it runs in place. When no
+    running worker consumes ``queue``, each job sent there is reported with a
+    ``followup.unconsumed`` warning (the broadcast asking the workers runs in the background,
+    at most once a minute).
     """
 
     def __init__(self, app: celery.Celery, *, queue: str = FOLLOWUP_QUEUE, **options: Any) -> None:
@@ -233,6 +348,8 @@ class CeleryRunner:
             self.app.send_task(
                 FOLLOWUP_TASK, args=(payload,), queue=self.queue, task_id=job.id, **self.options
             )
+            if not _consumed_here(self.app, self.queue):
+                _watch(self.app, self.queue).submitted(job.id)
         return job.id
 
 

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import json
 import os
+import shlex
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
-from crashoverride.testing import MockServer
+import pytest
+
+from crashoverride.testing import MockServer, done
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -42,24 +51,155 @@ def test_demo_live_without_credentials_refuses_clearly() -> None:
     assert "--live needs OPENAI_API_KEY or --base-url" in result.stderr
 
 
+# ------------------------------------------------------------------------------------ doctor
+
+
+class _Canned(http.server.BaseHTTPRequestHandler):
+    """Answers every request with the server's canned status, content type and body."""
+
+    def _answer(self) -> None:
+        status, kind, body = self.server.canned  # type: ignore[attr-defined]
+        self.server.paths.append(self.path)  # type: ignore[attr-defined]
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _endpoint(status: int, body: bytes, kind: str = "application/json") -> Iterator[Any]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Canned)
+    server.canned = (status, kind, body)  # type: ignore[attr-defined]
+    server.paths = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        server.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"  # type: ignore[attr-defined]
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def _doctor(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    result = _run("doctor", "--json", *args, env=env)
+    report = dict(json.loads(result.stdout))
+    assert result.returncode == (0 if report["healthy"] else 1), result.stderr
+    assert not result.stderr, result.stderr
+    return report
+
+
+def _check(report: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [c for c in report["checks"] if c["name"] == name]
+    return dict(found)
+
+
 def test_doctor_without_model_access_is_unhealthy() -> None:
     result = _run("doctor")
     assert result.returncode == 1
-    assert "caller locals write-through" in result.stdout
-    assert "NOT healthy" in result.stdout
+    first, *rest = result.stdout.splitlines()
+    assert first.startswith("NOT healthy")
+    assert "no OPENAI_API_KEY and no base URL" in result.stdout
+    assert any("caller locals write-through" in line for line in rest)
 
 
-def test_doctor_with_a_reachable_endpoint_is_healthy_and_never_prints_the_key() -> None:
-    with MockServer([]) as server:
-        result = _run("doctor", "--base-url", server.base_url,
-                      env={"OPENAI_API_KEY": "sk-do-not-print-me"})  # fmt: skip
-    assert result.returncode == 0, result.stdout
-    assert "sk-do-not-print-me" not in result.stdout
-    assert "configured (OPENAI_API_KEY, not shown)" in result.stdout
-    assert result.stdout.strip().endswith("healthy")
+def test_doctor_against_no_reachable_endpoint_is_unhealthy() -> None:
+    report = _doctor("--base-url", "http://127.0.0.1:9/v1")
+    endpoint = _check(report, "endpoint")
+    assert (report["healthy"], endpoint["status"]) == (False, "fail")
+    assert endpoint["verdict"] == "unreachable"
+    assert "127.0.0.1:9" in endpoint["detail"]
 
 
-def test_doctor_with_an_unreachable_endpoint_is_unhealthy() -> None:
-    result = _run("doctor", "--base-url", "http://127.0.0.1:9/v1")
+def _error(message: str, code: str) -> bytes:
+    body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "verdict"),
+    [
+        (b"<html>Not Found</html>", "text/html", "wrong API shape"),  # e.g. /v1 missing
+        (_error("The model `m1` does not exist.", "model_not_found"), "application/json",
+         "model not found"),
+    ],
+    ids=["wrong-path", "missing-model"],
+)  # fmt: skip
+def test_doctor_against_an_endpoint_answering_404_says_which_404(
+    body: bytes, kind: str, verdict: str
+) -> None:
+    with _endpoint(404, body, kind) as server:
+        report = _doctor("--base-url", server.base_url, "--model", "m1")
+    endpoint = _check(report, "endpoint")
+    assert (report["healthy"], endpoint["verdict"]) == (False, verdict)
+    assert server.paths == ["/v1/chat/completions"]  # one real request, the one a recovery makes
+    assert "HTTP 404" in endpoint["detail"]
+
+
+def test_doctor_against_an_endpoint_answering_401_reports_the_key_rejected() -> None:
+    body = _error("Incorrect API key provided: sk-wrong-key-123.", "invalid_api_key")
+    with _endpoint(401, body) as server:
+        # No base URL given: recoveries use the SDK's default, the Responses API, at
+        # OPENAI_BASE_URL (or OpenAI's); the doctor checks that same endpoint.
+        env = {"OPENAI_API_KEY": "sk-wrong-key-123", "OPENAI_BASE_URL": server.base_url}
+        result = _run("doctor", "--json", env=env)
     assert result.returncode == 1
-    assert "FAIL endpoint http://127.0.0.1:9/v1" in result.stdout
+    assert "sk-wrong-key-123" not in result.stdout
+    report = json.loads(result.stdout)
+    endpoint = _check(report, "endpoint")
+    assert (report["healthy"], endpoint["verdict"]) == (False, "auth rejected")
+    assert server.paths == ["/v1/responses"]
+
+
+def test_doctor_against_the_mock_server_is_healthy_with_latency_and_model() -> None:
+    with MockServer([done("ok")]) as server:
+        result = _run("doctor", "--base-url", server.base_url, "--model", "mock-model",
+                      env={"OPENAI_API_KEY": "sk-do-not-print-me"})  # fmt: skip
+        server.assert_complete()  # exactly one request, answered from the script
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "sk-do-not-print-me" not in result.stdout
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("healthy: a recovery could run now")
+    assert "mock-model answered in " in result.stdout
+
+
+def test_doctor_json_says_the_same() -> None:
+    with MockServer([done("ok")]) as server:
+        report = _doctor("--base-url", server.base_url, "--model", "mock-model")
+    endpoint = _check(report, "endpoint")
+    assert report["healthy"] is True
+    assert (endpoint["status"], endpoint["verdict"], endpoint["model"]) == (
+        "ok",
+        "ok",
+        "mock-model",
+    )
+    assert endpoint["latency_ms"] > 0
+    assert {c["status"] for c in report["checks"]} <= {"ok", "info"}
+
+
+def test_doctor_piped_into_a_reader_that_leaves_prints_no_traceback() -> None:
+    # ``true`` exits without reading: every write of the doctor meets a closed pipe.
+    command = (
+        f"{shlex.quote(sys.executable)} -m crashoverride doctor --base-url http://127.0.0.1:9/v1"
+    )
+    for reader in ("true", "head -1"):
+        done_ = subprocess.run(["sh", "-c", f"{command} | {reader}"], capture_output=True,
+                               text=True, timeout=120)  # fmt: skip
+        assert "Traceback" not in done_.stderr and "BrokenPipe" not in done_.stderr, done_.stderr
+    assert done_.stdout.startswith("NOT healthy")
+
+
+def test_help_shows_no_markup() -> None:
+    for args in ((), ("doctor",), ("demo",)):
+        result = _run(*args, "--help")
+        assert result.returncode == 0
+        assert "``" not in result.stdout, result.stdout

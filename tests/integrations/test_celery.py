@@ -189,6 +189,8 @@ def test_followup_runs_on_the_celery_queue(worker_app: Celery) -> None:
     assert [(FOLLOWUP_TASK, queue, "open a ticket", "builtins.LookupError")] == FOLLOWUP_SEEN
     submitted = [e for e in logs if e["event"] == "followup.submitted"]
     assert [e["runner"] for e in submitted] == ["CeleryRunner"]
+    # Sent by a task in a worker that consumes the queue: nothing to warn about.
+    assert not [e for e in logs if e["event"] == "followup.unconsumed"]
     job = AsyncResult(submitted[0]["followup_id"], app=worker_app)
     assert job.get(timeout=30)["outcome"] == "succeeded"
 
