@@ -30,8 +30,8 @@ from typing import Any
 from ._block import Block, call_block, result_view
 from ._handler import Handler
 from ._log import CANCELLED as RECOVERY_CANCELLED
-from ._log import FOLLOWUP_UNCONSUMED
 from ._log import FAILED as RECOVERY_FAILED
+from ._log import FOLLOWUP_UNCONSUMED
 from ._log import SKIPPED as RECOVERY_SKIPPED
 from ._log import WARM_UP_FAILED as RECOVERY_WARM_UP_FAILED
 from ._recovery import Decision as Outcome
