@@ -98,9 +98,8 @@ class Recovery:
         self.t0 = time.monotonic()
         self.waited = 0.0
         self.state = RunState()
-        policy = settings.redaction
-        found = _secret_values(block, Redactor((), policy).is_secret)
-        self.redact = Redactor([*found, *block.secrets], policy)
+        found = _secret_values(block, Redactor((), settings.redaction).is_secret)
+        self.redact = Redactor.for_settings(settings, [*found, *block.secrets])
         self.exc_type = f"{type(exc).__module__}.{type(exc).__qualname__}"
         self.exception_text = self.redact(describe_exception(exc))
         self.traceback_text = self.redact(format_traceback(exc))
@@ -296,16 +295,11 @@ def drop_references(record: Any) -> None:
 
 
 def _secret_values(block: Block, is_secret_name: Callable[[str], bool]) -> list[str]:
-    """String values bound to secret-looking names in the protected frame (to mask anywhere)."""
-    found: list[str] = []
-    for names in (block.caller, block.frame.f_locals if block.frame is not None else None):
-        if names is None:
-            continue
-        try:
-            found.extend(v for k, v in names.items() if isinstance(v, str) and is_secret_name(k))
-        except Exception:  # an exotic mapping must not stop the recovery
-            continue
-    return found
+    """Values under secret-looking names in the protected frame, at any depth (to mask anywhere)."""
+    from ._masking import secret_values
+
+    roots = [block.caller, block.frame.f_locals if block.frame is not None else None]
+    return secret_values([names for names in roots if names is not None], is_secret_name)
 
 
 def internal_failure(exc: BaseException, problem: BaseException) -> None:

@@ -1,28 +1,34 @@
-"""Keep secrets out of everything a recovery sends or records.
+"""Keep secrets out of everything a recovery sends or records: the one choke point.
 
-One policy object is applied to the prompt, the locals summary, tool results, events and the
-report. It masks values bound to secret-looking names and the values of secret-looking
-environment variables wherever they appear in text.
+Every channel (the prompt, the locals summary, tool results, events, the report, notes,
+follow-ups, cassettes) passes its text through a ``Redactor``. It masks, in any text:
+
+- known secret values: values bound to secret-looking names in the failed frame (at any depth),
+  secret-named environment variables, credentials found inside any environment variable (the
+  password of a ``DATABASE_URL``), the configured ``api_key``, the application's ``Redaction``;
+- secrets recognised by their value (``_secrets``): provider keys, JWTs, private keys,
+  credentials in URLs and headers, credential-looking values after secret-looking names.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
-SECRET_NAME = re.compile(
-    r"(passw(or)?d|passphrase|^pass$|secret|token|api[_-]?key|(^|[_-])key$|private[_-]?key|"
-    r"authori[sz]ation|cookie|credential|session[_-]?id|signature|dsn)",
-    re.IGNORECASE,
-)
+from . import _secrets
+from ._secrets import is_secret_name
+
+if TYPE_CHECKING:
+    from ._settings import Settings
+
+__all__ = ["MASK", "Redaction", "Redactor", "is_secret_name"]
+
 MASK = "[REDACTED]"
 # Shorter values are too likely to collide with ordinary text to be masked by value.
 _MIN_SECRET_LENGTH = 6
-
-
-def is_secret_name(name: str) -> bool:
-    return bool(SECRET_NAME.search(name))
 
 
 class Redaction:
@@ -66,7 +72,7 @@ class Redaction:
 
 
 class Redactor:
-    """Masks known secret values in text, following the built-in rules and a ``Redaction``."""
+    """Masks secrets in text, following the built-in rules and a ``Redaction``."""
 
     __slots__ = ("_pattern", "_policy")
 
@@ -74,19 +80,22 @@ class Redactor:
         self._policy = policy
         values: set[str] = set()
         if policy is None or policy.environment:
-            values.update(
-                value
-                for name, value in os.environ.items()
-                if self.is_secret(name) and len(value) >= _MIN_SECRET_LENGTH
-            )
+            values.update(_environment_secrets(self.is_secret))
         sources = list(extra_values) + list(policy.values if policy is not None else ())
         values.update(v for v in sources if isinstance(v, str) and len(v) >= _MIN_SECRET_LENGTH)
+        values.discard(MASK)
         # Longest first so a secret containing another is masked whole.
         ordered = sorted(values, key=len, reverse=True)
         alternatives = [re.escape(v) for v in ordered]
         if policy is not None:
             alternatives += [f"(?:{p.pattern})" for p in policy.patterns]
         self._pattern = re.compile("|".join(alternatives)) if alternatives else None
+
+    @classmethod
+    def for_settings(cls, settings: Settings, extra_values: Iterable[str] = ()) -> Redactor:
+        """The redactor of a run under ``settings``: its policy and the credentials it holds."""
+        held = [settings.api_key] if settings.api_key else []
+        return cls([*extra_values, *held], settings.redaction)
 
     def is_secret(self, name: str) -> bool:
         if is_secret_name(name):
@@ -96,12 +105,45 @@ class Redactor:
 
     def add(self, value: str) -> None:
         """Remember one more secret value (e.g. a header seen by an integration)."""
-        if not isinstance(value, str) or len(value) < _MIN_SECRET_LENGTH:
+        if not isinstance(value, str) or len(value) < _MIN_SECRET_LENGTH or value == MASK:
             return
         known = self._pattern.pattern + "|" if self._pattern is not None else ""
-        self._pattern = re.compile(known + re.escape(value))
+        self._pattern = re.compile(re.escape(value) + "|" + known.rstrip("|"))
 
     def __call__(self, text: str) -> str:
-        if self._pattern is None:
-            return text
-        return self._pattern.sub(MASK, text)
+        if self._pattern is not None:
+            text = self._pattern.sub(MASK, text)
+        return _secrets.mask(text, MASK, self.is_secret)
+
+
+_env_lock = threading.Lock()
+_env_cache: tuple[object, frozenset[str]] | None = None
+
+
+def _environment_secrets(is_secret: Callable[[str], bool]) -> frozenset[str]:
+    """Secret-named variables' values and credentials found in any variable's value.
+
+    Scanning the environment costs ~1 ms; it rarely changes, so the result is kept while the
+    environment and the name rule stay the same.
+    """
+    global _env_cache
+    items = tuple(os.environ.items())
+    key = (items, is_secret if not _is_default(is_secret) else None)
+    cached = _env_cache
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    found: set[str] = set()
+    for name, value in items:
+        if is_secret(name):
+            found.add(value)
+        found.update(_secrets.found(value, is_secret))
+    result = frozenset(v for v in found if len(v) >= _MIN_SECRET_LENGTH)
+    with _env_lock:
+        _env_cache = (key, result)
+    return result
+
+
+def _is_default(is_secret: Callable[[str], bool]) -> bool:
+    # A bound ``Redactor.is_secret`` without a names policy decides as ``is_secret_name`` does.
+    owner = getattr(is_secret, "__self__", None)
+    return isinstance(owner, Redactor) and (owner._policy is None or not owner._policy.names)

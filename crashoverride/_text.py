@@ -12,7 +12,9 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-from ._redact import MASK, is_secret_name
+from ._masking import MaskingRepr, hidden, masking_repr
+from ._redact import MASK
+from ._secrets import is_secret_name
 
 TRACEBACK_LIMIT = 12_000
 MESSAGE_LIMIT = 2_000
@@ -32,37 +34,31 @@ def clip(text: str, limit: int) -> str:
     return f"{text[:head]}\n... [{len(text) - head - tail} characters elided] ...\n{text[-tail:]}"
 
 
-def _short_repr() -> reprlib.Repr:
-    r = reprlib.Repr()
-    r.maxstring = 160
-    r.maxother = 160
-    r.maxlong = 60
-    r.maxlist = r.maxtuple = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 8
-    r.maxdict = 8
-    r.maxlevel = 3
-    return r
+def _short_repr(is_secret: Callable[[str], bool] = is_secret_name) -> MaskingRepr:
+    # Secret-named keys and fields inside values are masked, as are secrets found by value.
+    return masking_repr(
+        is_secret, maxstring=160, maxother=160, maxlong=60, maxlist=8, maxtuple=8, maxset=8,
+        maxfrozenset=8, maxdeque=8, maxarray=8, maxdict=8, maxlevel=3,
+    )  # fmt: skip
 
 
 _REPR = _short_repr()
 
 
-def _wide_repr() -> reprlib.Repr:
-    r = reprlib.Repr()
-    r.maxstring = r.maxother = RESULT_LIMIT
-    r.maxlong = 400
-    r.maxlist = r.maxtuple = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 60
-    r.maxdict = 60
-    r.maxlevel = 6
-    return r
+def _wide_repr() -> MaskingRepr:
+    return masking_repr(
+        is_secret_name, maxstring=RESULT_LIMIT, maxother=RESULT_LIMIT, maxlong=400, maxlist=60,
+        maxtuple=60, maxset=60, maxfrozenset=60, maxdeque=60, maxarray=60, maxdict=60, maxlevel=6,
+    )  # fmt: skip
 
 
 _WIDE = _wide_repr()
 
 
-def safe_repr(value: object) -> str:
+def safe_repr(value: object, shortener: reprlib.Repr = _REPR) -> str:
     """A bounded repr that never raises (a broken ``__repr__`` is data, not a crash)."""
     try:
-        return _REPR.repr(value)
+        return shortener.repr(value)
     except Exception as exc:  # any user __repr__ may fail
         return f"<{type(value).__name__} (repr failed: {type(exc).__name__})>"
 
@@ -124,14 +120,19 @@ def summarize_locals(
     limit: int = LOCALS_LIMIT,
     is_secret: Callable[[str], bool] = is_secret_name,
 ) -> str:
-    """One line per local: name, type and a short repr; secret-looking names are masked."""
+    """One line per local: name, type and a short repr; secret-looking names are masked.
+
+    Masking reaches inside values too: secret-named keys and fields of containers, dataclasses
+    and pydantic models, and secrets recognised by their value.
+    """
+    shortener = _REPR if is_secret is is_secret_name else _short_repr(is_secret)
     lines: list[str] = []
     used = 0
     items = list(names.items())
     for index, (name, value) in enumerate(items):
         if name.startswith("__") and name.endswith("__"):
             continue
-        shown = MASK if is_secret(name) else safe_repr(value)
+        shown = MASK if hidden(name, value, is_secret) else safe_repr(value, shortener)
         line = f"  {name} ({type(value).__name__}) = {shown}"
         if used + len(line) > limit:
             lines.append(f"  ... {len(items) - index} more (inspect them with eval_python)")
@@ -142,11 +143,11 @@ def summarize_locals(
 
 
 def render_value(value: object, limit: int = RESULT_LIMIT) -> str:
-    """Render a tool result: strings as they are (bounded), other values by bounded repr."""
+    """Render a tool result: strings as they are (bounded), other values by bounded repr.
+
+    Secret-named keys and fields inside the value are masked (``dict(os.environ)``); the
+    redactor then masks secrets in the text, strings included.
+    """
     if isinstance(value, str):
         return clip(value, limit)
-    try:
-        text = _WIDE.repr(value)
-    except Exception as exc:
-        return f"<{type(value).__name__} (repr failed: {type(exc).__name__})>"
-    return clip(text, limit)
+    return clip(safe_repr(value, _WIDE), limit)

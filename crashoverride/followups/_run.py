@@ -43,7 +43,7 @@ class FollowupRecord:
         self.id = job.id
         self.state = RunState()
         # The application's redaction policy covers follow-ups too.
-        self.redact = Redactor((), settings.redaction)
+        self.redact = Redactor.for_settings(settings)
         self.running = False
         self.workspace: Any = None
         self.block: Block | None = Block(

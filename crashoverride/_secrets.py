@@ -1,0 +1,193 @@
+"""Secrets recognised by their value, wherever they appear in text.
+
+Names alone miss ``cfg = "token=ghp_..."``, a password inside ``DATABASE_URL`` or a JWT in an
+exception message. This module finds such values: provider key formats, JWTs, PEM private keys,
+bearer/basic credentials, passwords in URLs and credential-looking values written after a
+secret-looking name (``api_key=...``, ``"password": "..."``).
+
+A hand-written set rather than detect-secrets: measured here, detect-secrets 1.5 costs ~90 ms to
+import (plus requests and PyYAML) and ~0.4 ms per line scanned (a 20 KB prompt: ~150 ms, paid
+for every tool result), and its line scanner flags most lines of ordinary source as high-entropy
+strings. The formats that matter are few and stable; each is anchored on a literal prefix, so
+one compiled pattern scans a prompt in about a millisecond (``benchmarks/bench_secrets.py``).
+
+UUIDs, git SHAs and other hex digests are deliberately not secrets: the agent needs them, and
+they carry no prefix or secret-looking name to tell a credential from an identifier.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterator
+
+_SECRET_WORDS = (
+    r"(passw(or)?d|passphrase|^pass$|(^|[_-])pwd$|secret|token|api[_-]?key|(^|[_-])key$|"
+    r"private[_-]?key|access[_-]?key|(^|[_-])pat$|(^|[_-])auth$|authori[sz]ation|cookie|"
+    r"credential|session[_-]?id|signature|dsn)"
+)
+# Names that contain a secret word but name a count, a kind or a place: ``max_tokens``,
+# ``token_type``, ``api_key_path``. Their values are what the agent needs to see.
+_ORDINARY_WORDS = (
+    r"(tokens|tokeni[sz]\w*|_(type|count|limit|len|length|size|name|path|file|ttl|expiry|"
+    r"expires(_in|_at)?|header|env|var))$"
+)
+# Names whose values are secret even when they look ordinary (``password=hunter``).
+_ALWAYS_WORDS = r"passw(or)?d|passphrase|^pass$|(^|[_-])pwd$|secret"
+
+
+@functools.cache
+def _names() -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
+    # Compiled on first use: ``import crashoverride`` must stay light.
+    return (
+        re.compile(_SECRET_WORDS, re.IGNORECASE),
+        re.compile(_ORDINARY_WORDS, re.IGNORECASE),
+        re.compile(_ALWAYS_WORDS, re.IGNORECASE),
+    )
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether ``name`` (a variable, key, attribute, header or environment variable) is secret."""
+    secret, ordinary, _ = _names()
+    return bool(secret.search(name)) and not ordinary.search(name)
+
+
+_KEY_NAME = r"[A-Za-z_][A-Za-z0-9_.-]{0,60}"
+
+
+@functools.cache
+def _pattern() -> re.Pattern[str]:
+    # Compiled on first use (~3 ms), never by ``import crashoverride``.
+    return re.compile(
+        "|".join(
+            [
+                # PEM private keys: a whole block, or what a clipped repr left of one.
+                r"(?P<pem>-----BEGIN[A-Z0-9 ]{0,30} PRIVATE KEY( BLOCK)?-----"
+                r"(?:[\s\S]{0,20000}?-----END[A-Z0-9 ]{0,30} PRIVATE KEY( BLOCK)?-----"
+                r"|(?:[A-Za-z0-9+/=\s:,-]|\\[nr])*+))",
+                r"(?P<pemtail>(?<![A-Za-z0-9+/=])(?:[A-Za-z0-9+/=]|\\[nr]|\n){16,}+"
+                r"-----END[A-Z0-9 ]{0,30} PRIVATE KEY( BLOCK)?-----)",
+                # Provider key formats, each behind its literal prefix.
+                r"(?P<token>(?<![A-Za-z0-9])(?:"
+                r"sk-(?:proj|ant|svcacct|admin)-[A-Za-z0-9_-]{16,}"
+                r"|sk-(?=[A-Za-z0-9]*[0-9])(?=[A-Za-z0-9]*[A-Za-z])[A-Za-z0-9]{20,}"
+                r"|(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
+                r"|glpat-[A-Za-z0-9_-]{20,}"
+                r"|xox[abposre]-[A-Za-z0-9-]{10,}"
+                r"|(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}|whsec_[A-Za-z0-9+/=]{16,}"
+                r"|(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}"
+                r"|AIza[0-9A-Za-z_-]{30,}"
+                r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"
+                r")(?![A-Za-z0-9]))",
+                # Webhook URLs are credentials by themselves: keep the host, mask the path.
+                r"(?P<hook>https://hooks\.slack\.com/(?:services|workflows|triggers)/)"
+                r"(?P<hookpath>[A-Za-z0-9/_-]{8,})",
+                # ``scheme://user:password@host``: mask the password only.
+                r"(?P<userinfo>\b[A-Za-z][A-Za-z0-9+.-]{1,20}://[^\s:/@'\"<>]{0,80}:)"
+                r"(?P<password>[^\s/@'\"<>]{1,200})(?=@)",
+                # ``Authorization: Bearer <token>`` / ``Basic <base64 of user:password>``.
+                r"(?P<scheme>\b(?:[Bb]earer|[Tt]oken|[Bb]asic)\s+)(?P<credential>[A-Za-z0-9._~+/-]{8,}=*)",
+                # ``name=value``, ``name: value``, ``"name": "value"`` with a secret-looking name.
+                rf"(?P<assign>(?<![A-Za-z0-9_.-])(?P<qk>['\"]?)(?P<key>{_KEY_NAME})(?P=qk)\s{{0,3}}(?::|=>?)\s{{0,3}})"
+                r"(?:(?P<q>['\"])(?P<quoted>[^'\"\s]{1,500})(?P=q)"
+                # (never ``Bearer``/``Basic`` as a bare value: the credential after it is)
+                r"|(?!(?:[Bb]earer|[Bb]asic|[Tt]oken)\s)(?P<bare>[^\s'\",;&)}\]<>(\[]{1,500}+)(?![(\[]))",
+            ]
+        )
+    )
+
+
+_DOTTED = r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*"
+
+
+def _random_looking(value: str) -> bool:
+    """A credential rather than a word: long enough, with digits or mixed case and symbols."""
+    if len(value) < 8 or value.startswith("[REDACTED"):
+        return False
+    classes = sum(
+        (
+            any(c.islower() for c in value),
+            any(c.isupper() for c in value),
+            any(c.isdigit() for c in value),
+            any(not c.isalnum() for c in value),
+        )
+    )
+    return classes >= 3 or (classes == 2 and any(c.isdigit() for c in value))
+
+
+def _basic_credentials(value: str) -> bool:
+    import base64
+    import binascii
+
+    try:
+        decoded = base64.b64decode(value + "=" * (-len(value) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return b":" in decoded
+
+
+def _assignment_secret(
+    key: str, value: str, quoted: bool, bare_context: bool, is_secret: Callable[[str], bool]
+) -> bool:
+    if not is_secret(key) or value.startswith("[REDACTED") or set(value) <= {"*", "x", "X"}:
+        return False
+    if _names()[2].search(key):
+        # ``password=password`` or ``password=self.password`` is code passing a variable on;
+        # anything else is the password.
+        if quoted or bare_context:
+            return len(value) >= 3
+        code = re.fullmatch(_DOTTED, value) is not None and not any(c.isdigit() for c in value)
+        return not code and value.lower() != key.lower()
+    return _random_looking(value)
+
+
+def spans(
+    text: str, is_secret: Callable[[str], bool] = is_secret_name
+) -> Iterator[tuple[int, int]]:
+    """The (start, end) of every secret value in ``text``, in order, never overlapping."""
+    for match in _pattern().finditer(text):
+        if match["pem"] is not None or match["pemtail"] is not None or match["token"] is not None:
+            yield match.span()
+        elif match["hookpath"] is not None:
+            yield match.span("hookpath")
+        elif match["password"] is not None:
+            if not match["password"].startswith("[REDACTED"):
+                yield match.span("password")
+        elif match["credential"] is not None:
+            credential = match["credential"]
+            scheme = match["scheme"].strip().lower()
+            if _random_looking(credential) or (
+                scheme == "basic" and _basic_credentials(credential)
+            ):
+                yield match.span("credential")
+        elif match["key"] is not None:
+            quoted = match["quoted"] is not None
+            name = "quoted" if quoted else "bare"
+            start = match.start()
+            # A bare value right after ``?``/``&`` is a query string or form body, not code.
+            bare_context = start > 0 and text[start - 1] in "?&"
+            if _assignment_secret(match["key"], match[name], quoted, bare_context, is_secret):
+                yield match.span(name)
+            else:  # an ordinary name: its value may still hold a secret (``cfg=token=...``)
+                offset = match.start(name)
+                for inner_start, inner_end in spans(match[name], is_secret):
+                    yield offset + inner_start, offset + inner_end
+
+
+def mask(text: str, replacement: str, is_secret: Callable[[str], bool] = is_secret_name) -> str:
+    """``text`` with every secret value found by ``spans`` replaced by ``replacement``."""
+    parts: list[str] = []
+    last = 0
+    for start, end in spans(text, is_secret):
+        parts.append(text[last:start])
+        parts.append(replacement)
+        last = end
+    if not parts:
+        return text
+    parts.append(text[last:])
+    return "".join(parts)
+
+
+def found(text: str, is_secret: Callable[[str], bool] = is_secret_name) -> list[str]:
+    """The secret values in ``text`` themselves (to be masked by value wherever they recur)."""
+    return [text[start:end] for start, end in spans(text, is_secret)]
