@@ -45,11 +45,14 @@ class Block:
         secrets: Values to mask in everything the recovery sends or records.
         why_cancelled: Says why, when the recovery is cancelled from outside (e.g. "the client
             disconnected"), for its ``recovery.cancelled`` event.
+        repair_only: This occurrence cannot be recovered (e.g. a response that had started),
+            only the code for later ones: when the check holds the outcome is ``"repaired"``
+            (event ``recovery.repaired``) and the exception is still re-raised.
     """
 
     __slots__ = (
-        "bindings", "brief", "caller", "check", "fields", "frame", "globals", "kind", "replay",
-        "returns", "secrets", "why_cancelled",
+        "bindings", "brief", "caller", "check", "fields", "frame", "globals", "kind", "repair_only",
+        "replay", "returns", "secrets", "why_cancelled",
     )  # fmt: skip
 
     def __init__(
@@ -67,6 +70,7 @@ class Block:
         returns: bool = False,
         secrets: tuple[str, ...] = (),
         why_cancelled: Callable[[], str | None] | None = None,
+        repair_only: bool = False,
     ) -> None:
         self.kind = kind
         self.frame = frame
@@ -80,6 +84,7 @@ class Block:
         self.returns = returns
         self.secrets = secrets
         self.why_cancelled = why_cancelled
+        self.repair_only = repair_only
 
     def release(self) -> None:
         """Drop every reference into the failed code (frames, bound methods, arguments).

@@ -104,6 +104,7 @@ class Recovery:
         self.exception_text = self.redact(describe_exception(exc))
         self.traceback_text = self.redact(format_traceback(exc))
         self.handler = settings.name or block.kind
+        self.repair_only = block.repair_only
         self.flight: Flight | None = None
         self.leading = False
         self.slot: Any = None
@@ -225,6 +226,10 @@ class Recovery:
         level: str,
         value: Any = None,
     ) -> Decision:
+        # What "recovered" means for a repair-only block: the code, not this occurrence.
+        repaired = outcome == "recovered" and self.repair_only
+        if repaired:
+            outcome, event = "repaired", _log.REPAIRED
         with self._lock:
             if self._decision is not None:
                 return self._decision
@@ -235,11 +240,12 @@ class Recovery:
         if outcome != "recovered":
             decision.replacement = state.replacement
             decision.interrupt = state.interrupted
+        succeeded = decision.recovered or repaired
         if self.running:
-            self.limits.breaker.record(self.fingerprint, decision.recovered)
+            self.limits.breaker.record(self.fingerprint, succeeded)
         elif self.trial:
             self.limits.breaker.abandon(self.fingerprint, self.trial)
-        self._hand_on(decision.recovered)
+        self._hand_on(succeeded)
         _log.emit(
             level, event, reason=report.reason, via=via, turns=report.turns,
             tool_calls=len(report.tool_calls), input_tokens=report.usage.input_tokens,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Outcome = Literal["recovered", "failed", "skipped"]
+Outcome = Literal["recovered", "repaired", "failed", "skipped"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +48,10 @@ class RecoveryReport:
 
     Attributes:
         recovery_id: Unique id, also in every event and in the note on a re-raised exception.
-        outcome: ``"recovered"`` (exception suppressed), ``"failed"`` (original re-raised) or
-            ``"skipped"`` (no agent ran: breaker open, overload, or the response had started).
+        outcome: ``"recovered"`` (exception suppressed), ``"failed"`` (original re-raised),
+            ``"skipped"`` (no agent ran: breaker open, overload, or the response had started)
+            or ``"repaired"`` (a repair-only block: the code was repaired so later calls work,
+            but this occurrence could not be undone and its exception is re-raised).
         reason: Why the outcome is what it is, in one line.
         via: ``"agent"``, ``"replay"`` (a single-flight waiter re-ran after another recovery
             fixed the code) or ``"none"``.

@@ -40,6 +40,7 @@ class Exchange:
         "declared",
         "disconnected",
         "ended",
+        "finished",
         "limit",
         "live_scope",
         "scope",
@@ -66,6 +67,9 @@ class Exchange:
         # The request has a body still to come: declared by its headers, or begun by the app.
         self.declared = False
         self.started = False
+        # The response's last body message went out: what fails now (a background task) fails
+        # after the client has its whole answer.
+        self.finished = False
         self.disconnected = False
         # Raised by the server's (or an outer middleware's) receive/send: not the app's failure.
         self.channel_error: BaseException | None = None
@@ -86,7 +90,8 @@ class Exchange:
         return message
 
     async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
+        kind = message["type"]
+        if kind == "http.response.start":
             # Set before sending: a start that failed half-way may still have reached the client.
             self.started = True
         try:
@@ -94,6 +99,8 @@ class Exchange:
         except Exception as exc:
             self.channel_error = exc
             raise
+        if kind == "http.response.body" and not message.get("more_body", False):
+            self.finished = True
 
     def raised_by_channel(self, exc: BaseException) -> bool:
         """Whether ``exc`` is (or wraps) an error of the server's channel, e.g. an outer body

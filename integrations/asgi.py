@@ -15,8 +15,11 @@ What it does:
   meanwhile replaces that exception.
 * The request body is recorded as it is read, up to ``max_replay_body`` bytes, so the request
   can be replayed. Larger bodies still stream to the app unchanged; they are just not replayable.
-* If the response had already started, nothing more is sent: the exception propagates and a
-  ``recovery.skipped`` event says why.
+* If the response had already started, nothing more is sent. A Starlette/FastAPI background
+  task that raised after the response is recovered as a task call, then the tasks queued after
+  it run; a stream that failed is logged as ``recovery.skipped``, or, with
+  ``repair_after_start``, the agent repairs the code for later requests while the exception
+  propagates. See ``_asgi_after``.
 * ``lifespan``: passed through; the middleware also opens the task group background work
   spawned by recoveries runs in, and drains it (bounded) at shutdown. With ``warm_up`` (the
   default) startup first imports the Agents SDK in a worker thread, so a server's first failure
@@ -33,9 +36,9 @@ middleware only logs ``recovery.skipped``.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
+import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import anyio
@@ -44,6 +47,7 @@ from crashoverride import ConfigurationError, CrashOverride, integration
 from crashoverride.followups import TaskGroupRunner
 from crashoverride.integration import UNSET
 
+from . import _asgi_options as check
 from ._asgi_exchange import (
     ASGIApp,
     CapturedResponse,
@@ -97,6 +101,10 @@ class CrashOverrideMiddleware:
             the app's own startup runs) rather than at the first failure, where the import
             would compete with every other request for the interpreter. ``False`` keeps the
             import lazy: faster boots, and a first recovery that stalls the server briefly.
+        repair_after_start: When a response fails after it started (a stream cut short), run a
+            repair-only recovery: nothing can be sent any more, but the agent repairs the code
+            so later requests work (event ``recovery.repaired``). Off by default: such failures
+            are only logged (``recovery.skipped``). Background tasks are recovered either way.
     """
 
     def __init__(
@@ -120,6 +128,7 @@ class CrashOverrideMiddleware:
         max_turns: Any = UNSET,
         followups: str | Iterable[str] = (),
         warm_up: bool = True,
+        repair_after_start: bool = False,
     ) -> None:
         if not callable(app):
             raise ConfigurationError("app", f"expected an ASGI application, got {app!r}")
@@ -135,19 +144,19 @@ class CrashOverrideMiddleware:
             catch=catch,
             timeout=timeout,
             name=name,
-            tools=_sequence("tools", tools),
-            mcp_servers=_sequence("mcp_servers", mcp_servers),
+            tools=check.sequence("tools", tools),
+            mcp_servers=check.sequence("mcp_servers", mcp_servers),
             model=model,
             max_turns=max_turns,
-            followups=_objectives(followups),
+            followups=check.objectives(followups),
         )
         self.settings = self.handler.settings
         self._catch = self.settings.catch
-        self._include = _patterns("include", include)
-        self._exclude = _patterns("exclude", exclude)
-        self._methods = _methods(methods)
-        self._limit = _non_negative_int("max_replay_body", max_replay_body)
-        self._grace = _non_negative_number("shutdown_grace", shutdown_grace)
+        self._include = check.patterns("include", include)
+        self._exclude = check.patterns("exclude", exclude)
+        self._methods = check.methods(methods)
+        self._limit = check.non_negative_int("max_replay_body", max_replay_body)
+        self._grace = check.non_negative_number("shutdown_grace", shutdown_grace)
         if request_id_header is not None and (
             not isinstance(request_id_header, str) or not request_id_header.strip()
         ):
@@ -155,9 +164,8 @@ class CrashOverrideMiddleware:
         self._request_id = (
             request_id_header.strip().lower().encode("latin-1") if request_id_header else None
         )
-        if not isinstance(warm_up, bool):
-            raise ConfigurationError("warm_up", f"expected a bool, got {type(warm_up).__name__}")
-        self._warm_up = warm_up
+        self._warm_up = check.flag("warm_up", warm_up)
+        self._repair_after_start = check.flag("repair_after_start", repair_after_start)
         self._filtered = bool(self._include or self._exclude or self._methods)
         self._runner: TaskGroupRunner | None = None
 
@@ -190,6 +198,7 @@ class CrashOverrideMiddleware:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = Exchange(scope, receive, send, self._limit)
+        resume: Callable[[], Awaitable[None]] | None = None
         try:
             # Called exactly as a pass-through middleware would: same task, same context.
             await self.app(scope, exchange.receive, exchange.send)
@@ -200,21 +209,34 @@ class CrashOverrideMiddleware:
                 # A recovery would itself be cancelled, and the enclosing scope would absorb
                 # that cancellation together with the application's exception.
                 raise
-            response = await self._outcome(exc, exchange)
-            if response is None or not await self._answer(send, response, exc):
+            outcome = await self._outcome(exc, exchange)
+            if outcome is None or (
+                isinstance(outcome, CapturedResponse) and not await self._answer(send, outcome, exc)
+            ):
                 # The application's exception, as it was raised (bare ``raise`` keeps its
                 # context and traceback): its normal 500 follows.
                 raise
+            if not isinstance(outcome, CapturedResponse):
+                resume = outcome  # a recovered background task: the ones after it run below
+        if resume is not None:
+            # Outside the handler: a later task's own failure is not chained to this one.
+            await resume()
 
-    async def _outcome(self, exc: Exception, exchange: Exchange) -> CapturedResponse | None:
-        """The response a recovery produced, or None. Contained: nothing that goes wrong inside
-        crashoverride replaces ``exc``. Only an interrupt, a cancellation, or the exception
-        the agent chose to raise instead propagates from here."""
+    async def _outcome(
+        self, exc: Exception, exchange: Exchange
+    ) -> CapturedResponse | Callable[[], Awaitable[None]] | None:
+        """The response a recovery produced, the background tasks to resume, or None.
+        Contained: nothing that goes wrong inside crashoverride replaces ``exc``. Only an
+        interrupt, a cancellation, or the exception the agent chose to raise instead
+        propagates from here."""
         try:
-            if exchange.started or exchange.disconnected:
-                self._skip(exc, exchange, _STARTED if exchange.started else _GONE)
+            if exchange.started:
+                outcome = await self._after_start(exc, exchange)
+            elif exchange.disconnected:
+                self._skip(exc, exchange, _GONE)
                 return None
-            outcome = await self._recover(exc, exchange)
+            else:
+                outcome = await self._recover(exc, exchange)
         except Exception as problem:  # imports included; ExceptionGroups of task groups too
             failed_internally(exc, problem)
             return None
@@ -243,17 +265,42 @@ class CrashOverrideMiddleware:
         return True
 
     def _skip(self, exc: Exception, exchange: Exchange, reason: str) -> None:
+        integration.skip(self.handler, exc, reason, kind="request", **self._fields(exchange))
+
+    def _fields(self, exchange: Exchange) -> dict[str, Any]:
         from ._asgi_block import request_fields
 
-        fields = request_fields(exchange, self._request_id)
-        integration.skip(self.handler, exc, reason, kind="request", **fields)
+        return request_fields(exchange, self._request_id)
+
+    async def _after_start(
+        self, exc: Exception, exchange: Exchange
+    ) -> CapturedResponse | Callable[[], Awaitable[None]] | BaseException | None:
+        """After ``http.response.start``: a background task's failure, or a stream's."""
+        from ._asgi_after import BackgroundRecovery, locate
+
+        queued = locate(exc) if exchange.finished else None
+        if queued is not None:
+            background = BackgroundRecovery(self.handler, self._fields(exchange))
+            try:
+                if not await background.recover(exc, queued):
+                    return None
+            except Exception as replacement:  # the agent's raise_instead, chained to ``exc``
+                return replacement
+            return functools.partial(background.run, queued.after)
+        if not self._repair_after_start:
+            self._skip(exc, exchange, _STARTED)
+            return None
+        return await self._recover(exc, exchange)  # repair-only: the exception propagates
 
     async def _recover(
         self, exc: Exception, exchange: Exchange
     ) -> CapturedResponse | BaseException | None:
+        from ._asgi_after import StreamRepair
         from ._asgi_block import RequestRecovery
 
-        job = RequestRecovery(
+        # A response that started cannot be answered again: only the code can be repaired.
+        repair_only = exchange.started
+        job = (StreamRepair if repair_only else RequestRecovery)(
             app=self.app,
             exc=exc,
             exchange=exchange,
@@ -264,8 +311,10 @@ class CrashOverrideMiddleware:
         outcome = None
         # No budget of its own: the recovery's one deadline (the handler's ``timeout``) ends it.
         async with anyio.create_task_group() as group:
-            # The client's channel is ours now: finish the body, watch for a disconnect.
-            group.start_soon(exchange.pump, group.cancel_scope.cancel)
+            # The client's channel is ours now: finish the body, watch for a disconnect (a
+            # repair serves later requests: the client leaving does not end it).
+            stop = (lambda: None) if repair_only else group.cancel_scope.cancel
+            group.start_soon(exchange.pump, stop)
             try:
                 with self._followups_here():
                     outcome = await integration.arecover(self.handler, exc, lambda: job.block)
@@ -279,7 +328,7 @@ class CrashOverrideMiddleware:
             recovered = integration.settle(self.handler, outcome, exc)
         except Exception as replacement:  # the agent's raise_instead, chained to ``exc``
             return replacement
-        if not recovered:
+        if not recovered or repair_only:
             return None
         if isinstance(outcome.value, CapturedResponse):
             return outcome.value  # a single-flight waiter's replay through the repaired app
@@ -341,66 +390,3 @@ class CrashOverrideMiddleware:
                 "warning", integration.RECOVERY_WARM_UP_FAILED,
                 error=integration.clip(f"{type(exc).__name__}: {exc}", 500),
             )  # fmt: skip
-
-
-# -- option validation ------------------------------------------------------------------------
-
-
-def _sequence(name: str, value: Any) -> tuple[Any, ...]:
-    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
-        raise ConfigurationError(name, f"expected a tuple or list, got {type(value).__name__}")
-    return tuple(value)
-
-
-def _objectives(value: Any) -> Any:
-    # Checked (with the argument's name) by the core settings; only iterables are copied here.
-    if isinstance(value, str) or not isinstance(value, Iterable):
-        return value
-    return tuple(value)
-
-
-def _patterns(name: str, value: Any) -> tuple[re.Pattern[str], ...]:
-    if isinstance(value, str | re.Pattern):
-        value = (value,)  # a single pattern is a common slip; accept it
-    if not isinstance(value, Iterable):
-        raise ConfigurationError(name, f"expected path patterns, got {type(value).__name__}")
-    compiled = []
-    for item in value:
-        if isinstance(item, re.Pattern):
-            compiled.append(item)
-        elif isinstance(item, str) and item:
-            compiled.append(re.compile(fnmatch.translate(item)))
-        else:
-            raise ConfigurationError(
-                name, f"expected glob strings or compiled regexes, got {item!r}"
-            )
-    return tuple(compiled)
-
-
-def _methods(value: Any) -> frozenset[str] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = (value,)
-    if not isinstance(value, Iterable):
-        raise ConfigurationError("methods", f"expected method names, got {type(value).__name__}")
-    methods = set()
-    for item in value:
-        if not isinstance(item, str) or not item.isalpha():
-            raise ConfigurationError("methods", f"expected HTTP method names, got {item!r}")
-        methods.add(item.upper())
-    if not methods:
-        raise ConfigurationError("methods", "must name at least one method, or be None for all")
-    return frozenset(methods)
-
-
-def _non_negative_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigurationError(name, f"expected a non-negative int, got {value!r}")
-    return value
-
-
-def _non_negative_number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ConfigurationError(name, f"expected a non-negative number, got {value!r}")
-    return float(value)
