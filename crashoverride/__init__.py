@@ -18,11 +18,12 @@ from ._handler import Handler
 from ._redact import Redaction
 
 if TYPE_CHECKING:
-    from ._report import RecoveryReport, SourceChange, ToolCallRecord, Usage
+    from ._report import ApprovalRequest, RecoveryReport, SourceChange, ToolCallRecord, Usage
 
 __version__ = "0.3.0.dev0"
 
 __all__ = [
+    "ApprovalRequest",
     "ConfigurationError",
     "CrashOverride",
     "Handler",
@@ -34,7 +35,7 @@ __all__ = [
     "__version__",
 ]
 
-_LAZY = {"RecoveryReport", "SourceChange", "ToolCallRecord", "Usage"}
+_LAZY = {"ApprovalRequest", "RecoveryReport", "SourceChange", "ToolCallRecord", "Usage"}
 
 
 def __getattr__(name: str) -> Any:

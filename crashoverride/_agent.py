@@ -18,12 +18,14 @@ from . import _clients
 from ._agent_tools import agent_tools, tool_failure
 from ._bridge import Dispatch
 from ._clients import Lease
+from ._gate import Gate, gate_agent
 from ._namespace import AgentExit, Workspace
+from ._prompt import Fence
 from ._report import ToolCallRecord, Usage
 from ._settings import Settings
 from ._state import RunState
 from ._text import clip
-from ._toolbox import BY_NAME
+from ._toolbox import BY_NAME, EXTERNAL_MODES
 
 Check = Callable[[], Any]  # returns None/True when recovered, or a reason string / False
 
@@ -56,6 +58,7 @@ class AgentJob:
         tools: Sequence[Callable[..., Any]] = (),
         mode: str = "repair",
         approve: Callable[[str], Any] | None = None,
+        fence: Fence | None = None,
     ) -> None:
         self.settings = settings
         self.instructions = instructions
@@ -69,6 +72,8 @@ class AgentJob:
         self.tools = tuple(tools)  # per-recovery tools (e.g. spawn_followup)
         self.mode = mode
         self.approve = approve
+        # Marks untrusted text as data; the instructions name its id, so use the same one.
+        self.fence = fence if fence is not None else Fence()
 
 
 def import_sdk() -> None:
@@ -186,8 +191,9 @@ def _user_tools(settings: Settings) -> list[Any]:
         from agents import function_tool
 
         built = _USER_TOOLS[settings] = tuple(
+            # An SDK tool object (it has a ``name``) as it is; ``_gate`` wraps or refuses it.
             tool
-            if isinstance(getattr(tool, "name", None), str) and hasattr(tool, "params_json_schema")
+            if isinstance(getattr(tool, "name", None), str)
             else function_tool(tool, failure_error_function=tool_failure)
             for tool in settings.tools
         )
@@ -240,11 +246,15 @@ async def _run(
     settings = job.settings
     await _clients.prepare_async()  # at once when the warm-up or the import did it
     try:
+        gate = Gate(job, dispatch)
+        builtin = agent_tools(job, gate)
+        # Diagnose mode: no tool the application brings (see ``_toolbox.EXTERNAL_MODES``).
+        external = job.mode in EXTERNAL_MODES
         agent_kwargs: dict[str, Any] = {
             "name": "crashoverride",
             "instructions": job.instructions,
-            "tools": agent_tools(job, dispatch) + _job_tools(job) + _user_tools(settings),
-            "mcp_servers": list(settings.mcp_servers),
+            "tools": builtin + (_job_tools(job) + _user_tools(settings) if external else []),
+            "mcp_servers": list(settings.mcp_servers) if external else [],
             "tool_use_behavior": stop,
         }
         model = await _build_model(settings, leases)
@@ -252,6 +262,9 @@ async def _run(
             agent_kwargs["model"] = model
         factory = settings.agent_factory
         agent = factory(**agent_kwargs) if factory is not None else Agent(**agent_kwargs)
+        # Every tool the agent ended up with, the factory's and the MCP servers' included,
+        # runs through the gate: one approval hook, one audit trail.
+        agent = await gate_agent(agent, builtin, gate, external=external)
         config = RunConfig(
             tracing_disabled=not settings.tracing, workflow_name="crashoverride recovery"
         )

@@ -1,7 +1,8 @@
-"""The registry's tools (``_toolbox``) as Agents SDK tools for one run: approval and audit.
+"""The registry's tools (``_toolbox``) as Agents SDK tools for one run, behind the gate.
 
-With an ``approve=`` callable, every snippet is shown to it first; a denial is what the model
-sees. Every call is recorded (``ToolCallRecord``) and reported through ``job.on_tool``.
+Every call goes through ``_gate.Gate``: ``approve=`` sees it first (a snippet as its code, any
+other tool as ``name(arg=value)``), a denial is what the model sees, and every call is recorded
+(``ToolCallRecord``) and reported through ``job.on_tool``.
 
 The SDK's ``function_tool`` derives a tool's JSON schema and argument model from a function
 (pydantic model creation, docstring parsing: milliseconds per tool, on the event loop). A run's
@@ -11,127 +12,71 @@ tools differ only in the job they act on, so the schema is built once per proces
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._bridge import Dispatch
+from ._gate import Gate, tool_failure
 from ._namespace import AgentExit, AgentInterrupted, Workspace, describe_result, format_tool_error
-from ._report import ToolCallRecord
+from ._report import ApprovalRequest
 from ._text import clip
-from ._toolbox import Tool, offered
+from ._toolbox import Outcome, Tool, offered
 
 if TYPE_CHECKING:
     from ._agent import AgentJob
 
-NOT_REQUIRED = "not required (no approve= configured)"
+__all__ = ["agent_tools", "schema_of", "tool_failure"]  # tool_failure: _agent, tests
 
 _schemas: dict[str, Any] = {}  # tool name -> the SDK's FuncSchema, built once per process
 _schemas_lock = threading.Lock()  # recoveries on several loops/threads may build the first
 
 
-def _approver_name(approve: Any) -> str:
-    return str(getattr(approve, "__qualname__", None) or type(approve).__name__)
-
-
-def tool_failure(_: Any, error: Exception) -> str:
-    # The SDK hides tool errors from the model by default; the model needs the traceback.
-    return format_tool_error(error)
-
-
-def agent_tools(job: AgentJob, dispatch: Dispatch) -> list[Any]:
-    """The SDK tools ``job.mode`` offers, bound to this run."""
+def agent_tools(job: AgentJob, gate: Gate) -> list[Any]:
+    """The SDK tools ``job.mode`` offers, bound to this run's gate."""
     supplied = {getattr(tool, "__name__", ""): tool for tool in job.tools}
-    run = _Run(job, dispatch)
     tools = offered(job.mode, supplied)
-    return [_sdk_tool(tool, _Bound(run, tool, supplied.get(tool.name))) for tool in tools]
-
-
-class _Run:
-    """What the tools of one agent run share: the snippet order, approval, the audit trail."""
-
-    def __init__(self, job: AgentJob, dispatch: Dispatch) -> None:
-        self.job = job
-        self.dispatch = dispatch
-        self.serial = asyncio.Lock()
-
-    async def approval(self, code: str) -> tuple[bool, str]:
-        """(allowed, who/why) for one snippet; runs ``approve`` in the owner's context."""
-        approve = self.job.approve
-        if approve is None:
-            return True, NOT_REQUIRED
-        name = _approver_name(approve)
-        try:
-            verdict = await self.dispatch(lambda: approve(code))
-        except Exception as exc:
-            return False, f"denied: {name} raised {type(exc).__name__}: {exc}"
-        if isinstance(verdict, str):
-            return False, f"denied by {name}: {verdict}"
-        return (True, f"approved by {name}") if verdict else (False, f"denied by {name}")
-
-    async def snippet(self, tool: Tool, code: str, work: Callable[[Workspace], Any]) -> str:
-        job, ws, state = self.job, self.job.workspace, self.job.state
-        started = time.perf_counter()
-        async with self.serial:  # one snippet at a time, in the order the model asked
-            ok = False
-            if tool.kind.needs_approval:
-                allowed, approved_by = await self.approval(code)
-            else:
-                allowed, approved_by = True, "not required"
-            if not allowed:
-                text = f"Not run: {approved_by}. Do not retry the same code; adapt or give up."
-            else:
-                try:
-                    value = await self.dispatch(lambda: work(ws))
-                    text, ok = describe_result(value, ws.take_output()), True
-                except AgentExit as exc:
-                    state.aborted = str(exc)
-                    if isinstance(exc, AgentInterrupted):
-                        state.interrupted = exc.interrupt
-                    text = f"{exc}; the recovery is over (a recovery never exits the process)."
-                except Exception as exc:
-                    printed = ws.take_output()
-                    error = format_tool_error(exc, ws.error)
-                    text = (clip(printed, 2_000) + "\n" if printed else "") + error
-        text = job.redact(text)
-        duration = round((time.perf_counter() - started) * 1000, 3)
-        self.record(ToolCallRecord(
-            tool.name, job.redact(clip(code, 4_000)), text, ok, duration, approved_by
-        ))  # fmt: skip
-        return text
-
-    def give_up(self, tool: Tool, reason: str) -> str:
-        message = self.job.state.give_up(reason)
-        redacted = self.job.redact(clip(reason, 2_000))
-        self.record(ToolCallRecord(tool.name, redacted, message, True, 0.0, "not required"))
-        return message
-
-    def record(self, record: ToolCallRecord) -> None:
-        self.job.state.records.append(record)
-        self.job.on_tool(record)
+    return [_sdk_tool(tool, gate, _Bound(gate, tool, supplied.get(tool.name))) for tool in tools]
 
 
 class _Bound:
     """One tool of one run: the ``ToolRun`` its implementation receives."""
 
-    __slots__ = ("_run", "_supplied", "tool")
+    __slots__ = ("_gate", "_supplied", "tool")
 
-    def __init__(self, run: _Run, tool: Tool, supplied: Callable[..., Any] | None) -> None:
-        self._run, self.tool, self._supplied = run, tool, supplied
+    def __init__(self, gate: Gate, tool: Tool, supplied: Callable[..., Any] | None) -> None:
+        self._gate, self.tool, self._supplied = gate, tool, supplied
 
-    async def snippet(self, code: str, work: Callable[[Workspace], Any]) -> str:
-        return await self._run.snippet(self.tool, code, work)
+    async def snippet(self, work: Callable[[Workspace], Any]) -> Outcome:
+        job = self._gate.job
+        ws, state = job.workspace, job.state
+        try:
+            value = await self._gate.dispatch(lambda: work(ws))
+            return describe_result(value, ws.take_output()), True
+        except AgentExit as exc:
+            state.aborted = str(exc)
+            if isinstance(exc, AgentInterrupted):
+                state.interrupted = exc.interrupt
+            return f"{exc}; the recovery is over (a recovery never exits the process).", False
+        except Exception as exc:
+            printed = ws.take_output()
+            error = format_tool_error(exc, ws.error)
+            return (clip(printed, 2_000) + "\n" if printed else "") + error, False
 
     def give_up(self, reason: str) -> str:
-        return self._run.give_up(self.tool, reason)
+        return self._gate.job.state.give_up(reason)
 
     def supplied(self) -> Callable[..., Any]:
         if self._supplied is None:
             raise RuntimeError(f"{self.tool.name} is not available in this run")
         return self._supplied
+
+
+def _call(tool: Tool, arguments: dict[str, Any]) -> ApprovalRequest:
+    if tool.kind.runs_code:
+        (code,) = arguments.values()  # the registry's code tools take exactly one argument
+        return ApprovalRequest(str(code), tool=tool.name, arguments=arguments, is_code=True)
+    return ApprovalRequest.of(tool.name, arguments)
 
 
 # -- the SDK side ---------------------------------------------------------------------------
@@ -170,18 +115,28 @@ def _build_schema(tool: Tool) -> Any:
     )
 
 
-def _sdk_tool(tool: Tool, bound: _Bound) -> Any:
+def _sdk_tool(tool: Tool, gate: Gate, bound: _Bound) -> Any:
     from agents import FunctionTool
     from agents.tool import set_function_tool_failure_error_function
 
     schema = schema_of(tool)
 
-    async def invoke(ctx: Any, text: str) -> str:
+    async def invoke(ctx: Any, text: str) -> Any:
         try:
-            return await tool.run(bound, **_arguments(tool, schema, text))
+            arguments = _arguments(tool, schema, text)
         except Exception as exc:
-            # What ``function_tool(failure_error_function=...)`` does: the model sees the error.
+            # Malformed arguments never reach the tool (nor the gate): the model sees why.
             return tool_failure(ctx, exc)
+
+        async def execute() -> Outcome:
+            try:
+                return await tool.run(bound, **arguments)
+            except Exception as exc:
+                # What ``function_tool(failure_error_function=...)`` does: the model sees it.
+                return tool_failure(ctx, exc), False
+
+        # Code tools' results echo the process's data (values, pages, messages): fenced.
+        return await gate.call(_call(tool, arguments), execute, data=tool.kind.runs_code)
 
     made = FunctionTool(
         name=tool.name,

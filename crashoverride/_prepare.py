@@ -14,7 +14,7 @@ from ._frames import CallerLocals
 from ._namespace import Workspace
 from ._patching import rebind_everywhere, replace_function, show_source
 from ._persist import SourceEditor
-from ._prompt import build_input, build_instructions
+from ._prompt import Fence, build_input, build_instructions
 from ._text import summarize_locals
 from .followups._session import FollowupSession
 
@@ -59,14 +59,17 @@ def prepare(rec: Recovery) -> AgentJob:
     if block.frame is not None:
         code = block.frame.f_code
         location = f"{code.co_qualname} in {code.co_filename}:{block.frame.f_lineno}"
+    fence = Fence()  # one per recovery: the instructions name its id
     instructions = build_instructions(
         settings.system_prompt,
         settings.project_prompt,
         settings.prompt,
         mode=settings.mode,
         persistence=settings.source_changes if settings.allow_source_changes else None,
+        fence=fence,
     )
     text = build_input(
+        fence=fence,
         exception=rec.exception_text,
         traceback_text=rec.traceback_text,
         locals_summary=summarize_locals(shown, is_secret=rec.redact.is_secret),
@@ -86,4 +89,5 @@ def prepare(rec: Recovery) -> AgentJob:
         tools=rec.followups.tools() if settings.mode == "repair" else (),
         mode=settings.mode,
         approve=settings.approve,
+        fence=fence,
     )

@@ -130,11 +130,7 @@ class Recovery:
         return dict(self._fields)
 
     def on_tool(self, record: ToolCallRecord) -> None:
-        _log.emit(
-            "info", _log.TOOL_CALLED, tool=record.tool, code=clip(record.code, 1_000),
-            ok=record.ok, approved_by=record.approved_by, duration_ms=record.duration_ms,
-            **self._fields,
-        )  # fmt: skip
+        _log.emit("info", _log.TOOL_CALLED, **record.event_fields(), **self._fields)
 
     def prepare(self) -> Any:
         """Step 4, run in the owner's thread: the agent's namespace and texts."""

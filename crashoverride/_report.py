@@ -1,16 +1,89 @@
-"""The public record of one recovery. Holds text only: never frames, tracebacks or locals."""
+"""The public record of one recovery (text only: never frames, tracebacks or locals), and what
+``approve=`` is shown of each tool call before it runs."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from types import MappingProxyType
+from typing import Any, Literal
+
+from ._text import clip
 
 Outcome = Literal["recovered", "repaired", "failed", "skipped"]
 
 
+class ApprovalRequest(str):
+    """One tool call, as ``approve=`` receives it.
+
+    As a ``str`` it is the Python source to judge: a snippet's code for the tools that run code
+    (``eval_python``, ``exec_python``, ``inspect_python``), ``name(arg=value, ...)`` for every
+    other tool. An approver written for snippets (``lambda code: ...``) therefore sees every
+    call, application and MCP tools included.
+
+    Attributes:
+        tool: The tool's name.
+        arguments: Its arguments as the model sent them (read-only).
+        source: ``"builtin"``, ``"application"`` (``tools=``, handler tools) or ``"mcp"``.
+        is_code: Whether the call runs its argument as Python code in the process.
+    """
+
+    tool: str
+    arguments: Mapping[str, Any]
+    source: str
+    is_code: bool
+
+    def __new__(
+        cls,
+        text: str,
+        *,
+        tool: str,
+        arguments: Mapping[str, Any],
+        source: str = "builtin",
+        is_code: bool = False,
+    ) -> ApprovalRequest:
+        made = super().__new__(cls, text)
+        made.tool, made.source, made.is_code = tool, source, is_code
+        made.arguments = MappingProxyType(dict(arguments))
+        return made
+
+    @classmethod
+    def of(
+        cls, tool: str, arguments: Mapping[str, Any], source: str = "builtin"
+    ) -> ApprovalRequest:
+        """A call of a tool that does not run code: its text is ``tool(name=value, ...)``."""
+        if all(isinstance(key, str) and key.isidentifier() for key in arguments):
+            shown = ", ".join(f"{key}={value!r}" for key, value in arguments.items())
+        else:
+            shown = f"**{dict(arguments)!r}"
+        return cls(f"{tool}({shown})", tool=tool, arguments=arguments, source=source)
+
+    @classmethod
+    def of_json(cls, tool: str, text: str, source: str) -> ApprovalRequest:
+        """A call whose arguments arrived as JSON text (what the SDK hands a function tool)."""
+        try:
+            data = json.loads(text) if text else {}
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            # Not an object: the tool will reject it; the approver still sees the raw text.
+            return cls(f"{tool}(<arguments: {text!r}>)", tool=tool, arguments={}, source=source)
+        return cls.of(tool, data, source)
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCallRecord:
-    """One tool call the agent made, in order."""
+    """One tool call the agent made, in order, denied ones included.
+
+    Attributes:
+        tool: The tool's name.
+        code: What ``approve=`` judged: a snippet's code, or ``tool(arg=value, ...)``.
+        result: The (redacted, truncated) output, or why it did not run.
+        ok: Whether it ran and succeeded.
+        approved_by: Who approved or denied it (``"not required ..."`` without ``approve=``).
+        source: ``"builtin"``, ``"application"`` (``tools=``) or ``"mcp"``.
+    """
 
     tool: str
     code: str
@@ -18,6 +91,14 @@ class ToolCallRecord:
     ok: bool
     duration_ms: float
     approved_by: str = ""
+    source: str = "builtin"
+
+    def event_fields(self) -> dict[str, object]:
+        """The fields of its ``*.tool_called`` event: one shape for every audit line."""
+        return {
+            "tool": self.tool, "source": self.source, "code": clip(self.code, 1_000),
+            "ok": self.ok, "approved_by": self.approved_by, "duration_ms": self.duration_ms,
+        }  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ sees, its class, the modes that offer it and its implementation. Everything else
 
 - the SDK ``FunctionTool`` and its JSON schema (``_agent_tools``; the schema once per process),
 - the tool list in the system prompt (``_prompt``, via ``tool_lines``),
-- approval and the audit record (``Kind``; applied by ``_agent_tools``),
+- what the approver sees and whether the result is fenced as data (``Kind``; ``_agent_tools``),
 - the ``crashoverride.testing`` steps (``_steps``, via ``Tool.arguments``).
 
 ``Helper`` entries document the names the agent's Python code can use (``set_result``,
@@ -46,20 +46,27 @@ class Kind(enum.Enum):
 
     @property
     def runs_code(self) -> bool:
+        # The approver sees such a call as its code; its result echoes process data (fenced).
         return self in (Kind.AGENT_CODE, Kind.INSPECTION)
 
-    @property
-    def needs_approval(self) -> bool:
-        # Every snippet is shown to ``approve=``, read-only ones too: the reviewer decides
-        # what it trusts, not our read-only check.
-        return self.runs_code
+
+# Every call of every tool, of every kind, passes ``approve=`` (``_gate``): read-only snippets
+# too (the reviewer decides what it trusts, not our read-only check), give_up and follow-ups too.
+
+# The modes that offer tools the application brings (``tools=``, handler tools, MCP servers).
+# Not diagnose: its guarantee is a property of how ``inspect_python`` runs, and a tool that
+# runs in the live process is outside it whatever its author calls it (an MCP server's
+# ``readOnlyHint`` included: a hint from the server, not a mechanism).
+EXTERNAL_MODES: Final = ONLY_REPAIR
+
+Outcome = tuple[str, bool]  # (text for the model, whether the call succeeded)
 
 
 class ToolRun(Protocol):
     """What an implementation may use in one agent run (``_agent_tools`` provides it)."""
 
-    async def snippet(self, code: str, work: Callable[[Workspace], Any]) -> str:
-        """Approve, run ``work`` in the owner's context, record it; the text the model sees."""
+    async def snippet(self, work: Callable[[Workspace], Any]) -> Outcome:
+        """Run ``work`` in the owner's context (the gate approved and records the call)."""
         ...
 
     def give_up(self, reason: str) -> str: ...
@@ -85,7 +92,7 @@ class Tool:
     """One built-in agent tool.
 
     Attributes:
-        run: The implementation, ``await run(tool_run, **arguments) -> str``.
+        run: The implementation, ``await run(tool_run, **arguments) -> (text, ok)``.
         from_job: The callable comes from the job (it belongs to one recovery's state, e.g.
             its follow-up session); the tool is offered only when the job supplies it.
         in_namespace: The modes in which it is also a function the agent's code can call.
@@ -96,7 +103,7 @@ class Tool:
     modes: frozenset[str]
     description: str
     params: tuple[Param, ...]
-    run: Callable[..., Awaitable[str]]
+    run: Callable[..., Awaitable[Outcome]]
     from_job: bool = False
     in_namespace: frozenset[str] = frozenset()
 
@@ -150,24 +157,24 @@ def _call_text(name: str, params: Iterable[Param]) -> str:
 # -- implementations ------------------------------------------------------------------------
 
 
-async def _eval_python(run: ToolRun, expression: str) -> str:
-    return await run.snippet(expression, lambda ws: ws.evaluate(expression))
+async def _eval_python(run: ToolRun, expression: str) -> Outcome:
+    return await run.snippet(lambda ws: ws.evaluate(expression))
 
 
-async def _exec_python(run: ToolRun, statements: str) -> str:
-    return await run.snippet(statements, lambda ws: ws.execute(statements))
+async def _exec_python(run: ToolRun, statements: str) -> Outcome:
+    return await run.snippet(lambda ws: ws.execute(statements))
 
 
-async def _inspect_python(run: ToolRun, expression: str) -> str:
-    return await run.snippet(expression, lambda ws: ws.inspect(expression))
+async def _inspect_python(run: ToolRun, expression: str) -> Outcome:
+    return await run.snippet(lambda ws: ws.inspect(expression))
 
 
-async def _give_up(run: ToolRun, reason: str) -> str:
-    return run.give_up(reason)
+async def _give_up(run: ToolRun, reason: str) -> Outcome:
+    return run.give_up(reason), True
 
 
-async def _spawn_followup(run: ToolRun, objective: str, context: str = "") -> str:
-    return str(run.supplied()(objective, context))
+async def _spawn_followup(run: ToolRun, objective: str, context: str = "") -> Outcome:
+    return str(run.supplied()(objective, context)), True
 
 
 # -- the registry ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any
 
 from agents.testing import ScriptedModel, assistant_message, function_call
@@ -30,8 +31,21 @@ def scripted(*steps: list[Any]) -> ScriptedModel:
     return ScriptedModel(list(steps))
 
 
+# A result fenced as untrusted data (``crashoverride._prompt.Fence``): the data inside it.
+_FENCED = re.compile(
+    r'<untrusted-data id="(?P<id>[0-9a-f]+)" source="[^"]*">\n(?P<data>.*)\n'
+    r'</untrusted-data id="(?P=id)">',
+    re.DOTALL,
+)
+
+
+def unfenced(text: str) -> str:
+    match = _FENCED.fullmatch(text)
+    return match["data"] if match else text
+
+
 def tool_outputs(model: ScriptedModel) -> list[str]:
-    """The tool results the model was sent, in order (from the recorded calls)."""
+    """The tool results the model was sent, in order (from the recorded calls), unfenced."""
     outputs: list[str] = []
     seen: set[str] = set()
     for call in model.calls:
@@ -40,5 +54,5 @@ def tool_outputs(model: ScriptedModel) -> list[str]:
             is_output = isinstance(item, dict) and item.get("type") == "function_call_output"
             if is_output and item["call_id"] not in seen:
                 seen.add(item["call_id"])
-                outputs.append(str(item["output"]))
+                outputs.append(unfenced(str(item["output"])))
     return outputs

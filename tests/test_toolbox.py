@@ -201,7 +201,9 @@ def test_tool_errors_reach_the_model_as_text() -> None:
     assert "SyntaxError" in syntax
     assert "ValueError: spawn_followup() needs a non-empty objective string" in empty
     assert handler.report is not None
-    assert [c.tool for c in handler.report.tool_calls] == ["exec_python", "give_up"]
+    # Malformed arguments never reach a tool; every call that did is audited, failed ones too.
+    trail = [(c.tool, c.ok) for c in handler.report.tool_calls]
+    assert trail == [("exec_python", False), ("spawn_followup", False), ("give_up", True)]
 
 
 def test_the_sdk_keeps_the_traceback_formatter_for_failures_it_makes_itself() -> None:

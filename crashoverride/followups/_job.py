@@ -92,12 +92,17 @@ class FollowupJob:
 
 @dataclass(frozen=True, slots=True)
 class FollowupResult:
-    """How a follow-up ended. ``summary`` is the agent's last line or the failure reason."""
+    """How a follow-up ended. ``summary`` is the agent's last line or the failure reason.
+
+    ``tool_calls``: the follow-up agent's calls, as in ``RecoveryReport.tool_calls`` (each
+    also a ``followup.tool_called`` event).
+    """
 
     id: str
     outcome: Literal["succeeded", "failed"]
     summary: str
     duration_ms: float
+    tool_calls: tuple[ToolCallRecord, ...] = ()
 
     @property
     def succeeded(self) -> bool:

@@ -64,7 +64,7 @@ class FollowupRecord:
     def prepare(self) -> AgentJob:
         from .._agent import AgentJob
         from .._namespace import Workspace
-        from .._prompt import build_instructions
+        from .._prompt import Fence, build_instructions
 
         job, state, block = self.job, self.state, self.block
         assert block is not None
@@ -73,15 +73,18 @@ class FollowupRecord:
             bindings={**block.bindings, "give_up": state.give_up},
         )  # fmt: skip
         self.workspace.deadline = self.deadline.at
+        # The report carries the failure's text (messages, values, tool results) and the
+        # recovery agent's notes may repeat it: both are fenced as data.
+        fence = Fence()
         text = f"Follow-up {job.id}. Your objective:\n{job.objective}\n\n"
         if job.context:
-            text += f"Notes from the recovery agent:\n{job.context}\n\n"
-        text += "The recovery report:\n" + render_report(job.report)
+            text += f"Notes from the recovery agent:\n{fence(job.context, 'notes')}\n\n"
+        text += "The recovery report:\n" + fence(render_report(job.report), "recovery report")
         settings = self.settings
         return AgentJob(
             settings=settings,
             instructions=self.redact(
-                build_instructions(FOLLOWUP_PROMPT, settings.project_prompt, "")
+                build_instructions(FOLLOWUP_PROMPT, settings.project_prompt, "", fence=fence)
             ),
             input_text=self.redact(text),
             workspace=self.workspace,
@@ -91,11 +94,13 @@ class FollowupRecord:
             redact=self.redact,
             on_tool=self._on_tool,
             approve=settings.approve,  # the application's approval gate covers follow-ups too
+            fence=fence,
         )
 
     def _on_tool(self, record: ToolCallRecord) -> None:
-        _log.emit("info", _log.FOLLOWUP_TOOL_CALLED, tool=record.tool, ok=record.ok,
-                  code=clip(record.code, 1_000), followup_id=self.id)  # fmt: skip
+        # The same fields as ``recovery.tool_called``, and the recovery it follows.
+        _log.emit("info", _log.FOLLOWUP_TOOL_CALLED, **record.event_fields(), followup_id=self.id,
+                  recovery_id=self.job.report.recovery_id)  # fmt: skip
 
     def started(self, placement: str) -> None:
         self.running = True
@@ -125,7 +130,9 @@ class FollowupRecord:
 
     def cancelled(self, reason: str = "cancelled before it finished") -> None:
         if self._result is None:
-            self._result = FollowupResult(self.id, "failed", reason, self._ms())
+            self._result = FollowupResult(
+                self.id, "failed", reason, self._ms(), tuple(self.state.records)
+            )
             _log.emit("warning", _log.FOLLOWUP_FAILED, reason=reason, cut_off=True,
                       duration_ms=self._ms(), **self._fields)  # fmt: skip
         self.abandon()
@@ -138,6 +145,7 @@ class FollowupRecord:
             "succeeded" if outcome == "succeeded" else "failed",
             self.redact(clip(text, 1_000)),
             self._ms(),
+            tuple(self.state.records),
         )
         if result.succeeded:
             _log.emit("info", _log.FOLLOWUP_SUCCEEDED, summary=result.summary,
