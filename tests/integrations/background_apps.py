@@ -23,10 +23,15 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 CONFIG = {"mail_host": "smtp.example.test"}
+QUOTAS = {"per_day": 3}
 
 
 def mail_host() -> str:
     return CONFIG["smtp_host"]  # the configuration now says "mail_host"
+
+
+def daily_quota() -> int:
+    return QUOTAS["daily"]  # the configuration now says "per_day"
 
 
 class Probe:
@@ -64,6 +69,10 @@ def send_welcome(email: str, *, subject: str) -> None:
 async def asend_welcome(email: str, *, subject: str) -> None:
     await anyio.lowlevel.checkpoint()
     PROBE.record(f"welcome {email} via {mail_host()}: {subject}")
+
+
+def check_quota(email: str) -> None:
+    PROBE.record(f"quota {email}: {daily_quota()}")
 
 
 def count_signup(email: str) -> None:
@@ -113,6 +122,16 @@ async def welcome_many(request: Request) -> Response:
     return PlainTextResponse("queued", background=tasks)
 
 
+async def welcome_all(request: Request) -> Response:
+    """Two tasks that fail in turn, then one that works."""
+    email = request.query_params["email"]
+    tasks = StarletteTasks()
+    tasks.add_task(asend_welcome, email, subject="Hi")
+    tasks.add_task(check_quota, email)
+    tasks.add_task(count_signup, email)
+    return PlainTextResponse("queued", background=tasks)
+
+
 async def digest(request: Request) -> Response:
     async def lines() -> AsyncIterator[bytes]:
         yield b"digest for\n"
@@ -127,6 +146,7 @@ def starlette_app(**options: Any) -> Starlette:
         routes=[
             Route("/welcome", welcome_one, methods=["POST"]),
             Route("/welcome-many", welcome_many, methods=["POST"]),
+            Route("/welcome-all", welcome_all, methods=["POST"]),
             Route("/digest", digest),
         ],
         middleware=[Middleware(CrashOverrideMiddleware, **options)],

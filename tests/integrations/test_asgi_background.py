@@ -13,9 +13,11 @@ from typing import Any
 import httpx
 import pytest
 from crashoverride.integrations.asgi import CrashOverrideMiddleware
+from starlette.background import BackgroundTask, BackgroundTasks
 from structlog.testing import capture_logs
 
 from crashoverride import ConfigurationError, CrashOverride, RecoveryReport
+from integrations._asgi_after import locate, task_names
 from tests.integrations import background_apps
 from tests.integrations.asgi_support import (
     done_step,
@@ -33,6 +35,12 @@ def mail_host():
 globals()["mail_host"] = mail_host
 """
 RERUN = REPAIR + "rerun()"
+QUOTA_RERUN = """
+def daily_quota():
+    return QUOTAS["per_day"]
+globals()["daily_quota"] = daily_quota
+rerun()
+"""
 EMAIL = "ann@example.test"
 
 
@@ -40,6 +48,7 @@ EMAIL = "ann@example.test"
 def probe(monkeypatch: pytest.MonkeyPatch) -> background_apps.Probe:
     # Agents patch ``mail_host`` in the app module: put the broken one back after each test.
     monkeypatch.setattr(background_apps, "mail_host", background_apps.mail_host)
+    monkeypatch.setattr(background_apps, "daily_quota", background_apps.daily_quota)
     fresh = background_apps.Probe()
     monkeypatch.setattr(background_apps, "PROBE", fresh)
     return fresh
@@ -189,6 +198,96 @@ def test_starlette_background_tasks_run_on_after_the_recovery(
         f"count {EMAIL}",
     ]
     assert recovery_events(logs).count("recovery.started") == 1
+
+
+def test_a_later_task_that_fails_too_is_recovered_in_its_turn(
+    probe: background_apps.Probe, logs: list[dict[str, Any]]
+) -> None:
+    model = scripted(
+        exec_step(RERUN),
+        done_step("mail host repaired"),
+        exec_step(QUOTA_RERUN),
+        done_step("quota repaired"),
+    )
+    app = background_apps.starlette_app(crash_override=CrashOverride(model=model))
+    with serve(app) as server:
+        response = httpx.post(server.url + "/welcome-all", params={"email": EMAIL}, timeout=30)
+        assert response.text == "queued"
+        assert probe.done.wait(30)
+    assert probe.ran == [
+        f"welcome {EMAIL} via smtp.example.test: Hi",
+        f"quota {EMAIL}: 3",
+        f"count {EMAIL}",
+    ]
+    first, second = named(logs, "recovery.succeeded")
+    assert (first["background_task"], first["remaining_tasks"]) == (
+        "asend_welcome",
+        ["check_quota", "count_signup"],
+    )
+    assert (second["background_task"], second["remaining_tasks"]) == (
+        "check_quota",
+        ["count_signup"],
+    )
+    assert model.remaining_steps == 0
+
+
+def test_a_decorated_background_function_is_recovered_once(
+    probe: background_apps.Probe,
+    logs: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = scripted(give_up_step("no mail host I can verify"))
+    co = CrashOverride(model=model)
+    guarded = co.handler("Send the welcome mail once.")(background_apps.send_welcome)
+    monkeypatch.setattr(background_apps, "send_welcome", guarded)
+    app = background_apps.fastapi_app(crash_override=co)
+    with caplog.at_level(logging.ERROR), serve(app) as server:
+        httpx.post(server.url + "/signup", params={"email": EMAIL}, timeout=30)
+        probe.release.set()
+        wait_for(lambda: server_errors(caplog))
+    # The decorator's recovery is the only one: the middleware lets its failure pass.
+    assert recovery_events(logs) == ["recovery.started", "recovery.tool_called", "recovery.failed"]
+    [error] = server_errors(caplog)
+    assert any("count_signup" in note for note in error.__notes__)
+    assert probe.ran == [f"audit {EMAIL}"]
+
+
+def _noop_a() -> None:
+    pass
+
+
+async def _noop_b() -> None:
+    pass
+
+
+def _boom() -> None:
+    raise LookupError("boom")
+
+
+@pytest.mark.anyio
+async def test_locate_follows_nested_groups(anyio_backend: str) -> None:
+    leaf = BackgroundTask(_boom)
+    inner = BackgroundTasks([BackgroundTask(_noop_a), leaf, BackgroundTask(_noop_b)])
+    outer = BackgroundTasks([inner, BackgroundTask(_noop_a)])
+    with pytest.raises(LookupError) as info:
+        await outer()
+    queued = locate(info.value)
+    assert queued is not None and queued.task is leaf
+    # The rest of the inner group first, then the rest of the outer one.
+    assert task_names(queued.after) == ["_noop_b", "_noop_a"]
+
+
+@pytest.mark.anyio
+async def test_locate_guesses_nothing(anyio_backend: str) -> None:
+    leaf = BackgroundTask(_boom)
+    twice = BackgroundTasks([leaf, BackgroundTask(_noop_a), leaf])
+    with pytest.raises(LookupError) as info:
+        await twice()
+    assert locate(info.value) is None  # which of the two failed is unknowable
+    with pytest.raises(LookupError) as info:
+        _boom()
+    assert locate(info.value) is None  # not raised in a background task at all
 
 
 def test_stream_failure_repaired_for_later_requests_when_opted_in(
