@@ -188,13 +188,10 @@ class Workspace:
     # -- jobs: run in the owner thread by the bridge; may return an awaitable ---------------
 
     def inspect(self, expression: str) -> Any:
-        """Diagnose mode: evaluate an expression that passed the read-only check."""
-        from ._readonly import check_read_only
+        """Diagnose mode: evaluate ``expression`` where it cannot change this process."""
+        from ._snapshot import inspect_read_only
 
-        tree = check_read_only(expression)
-        filename = _register_source(expression)
-        code: CodeType = compile(tree, filename, "eval", dont_inherit=True)
-        return self._guard(lambda: eval(code, self.globals, self._names), code)
+        return inspect_read_only(self, self._names, expression)
 
     def evaluate(self, expression: str) -> Any:
         code = self._compile(expression.strip(), "eval")

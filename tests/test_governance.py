@@ -43,9 +43,10 @@ def test_diagnose_mode_reraises_with_the_diagnosis_and_cannot_mutate() -> None:
     report = handler.report
     assert report is not None and report.outcome == "failed" and report.mode == "diagnose"
     assert report.diagnosis.startswith("Root cause")
-    source, refused, length = tool_outputs(model)
+    source, appended, length = tool_outputs(model)
     assert "def broken_total" in source
-    assert "calling items.append() is not allowed" in refused
+    # The append ran in a forked snapshot (tests/test_readonly.py): the block's list is intact.
+    assert appended == "OK (no output, no value)"
     assert length == "2"
     tools = {t.name for t in model.calls[0].tools}
     assert tools == {"inspect_python", "give_up"}  # no exec, no eval, no follow-ups

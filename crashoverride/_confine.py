@@ -1,0 +1,100 @@
+"""Cut a forked snapshot (``_snapshot``) off from everything it shares with the process.
+
+Only ever called in the child, right after ``fork``: every step here is irreversible on
+purpose, and the parent never runs any of it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from typing import Any
+
+# Audit events that reach outside the snapshot (files, network, other processes, raw memory).
+_REFUSED = frozenset({
+    "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.chflags",
+    "os.lchflags", "os.link", "os.symlink", "os.truncate", "os.utime", "os.setxattr",
+    "os.removexattr", "os.system", "os.fork", "os.forkpty", "os.kill", "os.killpg",
+    "os.startfile", "shutil.chown", "subprocess.Popen", "pty.spawn", "resource.prlimit",
+    "sys.remote_exec",
+    # Setting a function's ``__defaults__`` or ``__code__``: keeps this hook as it is.
+    "object.__setattr__", "object.__delattr__",
+})  # fmt: skip
+_REFUSED_PREFIXES = (
+    "socket.", "ctypes.", "os.exec", "os.spawn", "os.posix_spawn", "sqlite3.", "syslog.",
+    "fcntl.", "_winapi.", "winreg.", "msvcrt.", "webbrowser.",
+)  # fmt: skip
+_WRITE_MODE = ("w", "a", "x", "+")
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def confine(keep: int) -> None:
+    """Make shared memory read-only, drop inherited descriptors but ``keep``, add the hook."""
+    _protect_shared_memory()
+    _drop_descriptors(keep)
+    sys.addaudithook(_refuse)
+
+
+def _protect_shared_memory() -> None:
+    # A shared mapping is the one piece of memory a fork does not copy. Without write access
+    # a store into it faults and the child dies, which the parent reports.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    prot_read = 1
+    with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
+        spans = [line.split(maxsplit=2)[:2] for line in maps]
+    for span, perms in spans:
+        if perms[1:2] == "w" and perms[3:4] == "s":
+            start, end = (int(edge, 16) for edge in span.split("-"))
+            libc.mprotect(start, end - start, prot_read)
+
+
+def _drop_descriptors(keep: int) -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        if fd != null:
+            os.dup2(null, fd)
+    # Closing in the child leaves the process's connections and files open and untouched.
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != keep:
+            try:
+                os.close(fd)
+            except OSError:  # the descriptor ``listdir`` itself used is already gone
+                pass
+
+
+def _refuse(
+    event: str,
+    args: tuple[Any, ...],
+    *,
+    _refused: frozenset[str] = _REFUSED,
+    _prefixes: tuple[str, ...] = _REFUSED_PREFIXES,
+    _write_mode: tuple[str, ...] = _WRITE_MODE,
+    _write_flags: int = _WRITE_FLAGS,
+    _len: Any = len,
+    _has: Any = str.__contains__,
+    _starts: Any = str.startswith,
+    _and: Any = int.__and__,
+    _str: type = str,
+    _int: type = int,
+    _type: type = type,
+    _error: type[Exception] = PermissionError,
+) -> None:
+    # Everything this hook uses is bound here, at definition: an expression may rebind
+    # module globals or builtins in the child, but not this function's defaults (setting
+    # them raises an audit event this hook refuses) nor the methods of built-in types.
+    if _type(event) is not _str:
+        return
+    refused = event in _refused or _starts(event, _prefixes)
+    if event == "open" and _len(args) >= 3:
+        mode, flags = args[1], args[2]
+        refused = _type(flags) is _int and _and(flags, _write_flags) != 0
+        if _type(mode) is _str:
+            for letter in _write_mode:
+                refused = refused or _has(mode, letter)
+    elif event == "mmap.__new__" and _len(args) >= 1:
+        refused = args[0] != -1  # a file mapping; anonymous memory stays in the copy
+    if refused:
+        raise _error(f"diagnose mode is read-only: {event} refused")

@@ -1,0 +1,188 @@
+"""Diagnose mode's read-only guarantee: each inspection runs in a throwaway copy of the process.
+
+``inspect_python`` forks. The child is a copy-on-write snapshot: it sees every object of the
+process as it is at that instant, and whatever it changes in memory (a local, a queue, a class,
+``os.environ``, ``sys.modules``) changes only its own copy. So memory needs no list of allowed
+names. What a copy does share with the process is the outside world: open descriptors, memory
+mapped as shared, files, the network, other processes. Before the expression runs the child
+
+1. makes every shared writable mapping read-only (``/proc/self/maps``, ``mprotect``): a write
+   to ``mmap.mmap(-1, n)``, ``multiprocessing.Value`` or a shared file mapping kills the child;
+2. closes every descriptor it inherited (sockets, log files, pipes, event loop wake-ups) and
+   puts ``/dev/null`` on 0, 1 and 2: a pooled connection, a queue's pipe or an open file the
+   process holds cannot be used from the copy;
+3. installs a PEP 578 audit hook, which cannot be removed, refusing what would reach outside:
+   opening files for writing, removing, renaming and changing files, every socket operation
+   (new sockets, DNS lookups), starting or signalling processes, ``fork``, ``ctypes`` and
+   ``sqlite3`` (its own file access bypasses ``open``).
+
+The child then evaluates the expression, renders the result (``describe_result``: the text the
+model would get from any tool) and writes it to a pipe; it ends with ``os._exit``, never
+returning into the process's own code. The parent waits until the recovery's deadline (or
+``UNBOUNDED_CAP`` without one) and kills the child then; the text it returns goes through the
+same redaction as every tool result.
+
+Not covered (CPython raises no audit event for them): ``os.mkfifo``/``os.mknod`` create file
+system entries, and ``signal.pidfd_send_signal`` on an ``os.pidfd_open`` descriptor can signal
+another process. Handlers registered with ``os.register_at_fork`` run in the child before the
+hook (they are their libraries' own after-fork code). A lock another thread held at the fork
+stays held in the child: an expression that needs it hangs until the deadline kills the child.
+
+Fork is used on Linux only (macOS frameworks are not fork-safe; Windows has no fork); elsewhere,
+or with ``FORK_ENABLED`` off, the whitelisting evaluator of ``_readonly`` runs instead.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import select
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
+
+# Imported here, in the parent: the child must not import (another thread may have held an
+# import lock at the fork).
+from ._confine import confine
+from ._namespace import describe_result, format_tool_error
+
+if TYPE_CHECKING:
+    from ._namespace import Workspace
+
+FORK_ENABLED = True
+UNBOUNDED_CAP = 30.0  # seconds one inspection may run when the recovery has no deadline
+_MAX_REPLY = 256 * 1024  # bytes read from a child; the rendered result is far smaller
+_FILENAME = "<crashoverride-inspect>"
+_VALUE, _ERROR = b"V", b"E"
+
+
+class Rendered(str):
+    """A result already rendered in the snapshot: the model sees this text as it is."""
+
+    __slots__ = ()
+
+
+class InspectionFailed(Exception):
+    """The expression raised, was refused, or ran out of time; the message says which."""
+
+
+def fork_usable() -> bool:
+    return FORK_ENABLED and sys.platform.startswith("linux") and hasattr(os, "fork")
+
+
+def inspect_read_only(ws: Workspace, names: Mapping[str, Any], expression: str) -> Any:
+    """Evaluate ``expression`` against the live namespace without changing the process."""
+    if not fork_usable():
+        from ._readonly import evaluate_plain
+
+        return evaluate_plain(expression, ws.globals, names)
+    budget = UNBOUNDED_CAP if ws.deadline is None else ws.deadline - time.monotonic()
+    if budget <= 0:
+        raise InspectionFailed("the recovery's time is up; the expression was not evaluated")
+    kind, text = _in_snapshot(lambda: _evaluate(ws, names, expression), budget)
+    if kind == _VALUE:
+        return Rendered(text)
+    raise InspectionFailed(text)
+
+
+def _evaluate(ws: Workspace, names: Mapping[str, Any], expression: str) -> tuple[bytes, str]:
+    """In the child: the expression's rendered value, or its traceback."""
+    source = expression.strip()
+    linecache.cache[_FILENAME] = (len(source), None, source.splitlines(True), _FILENAME)
+    try:
+        code = compile(source, _FILENAME, "eval", dont_inherit=True)
+        value = eval(code, ws.globals, names)
+        return _VALUE, describe_result(value, ws.take_output())
+    except BaseException as exc:  # the child's copy of any exception is only a result to report
+        return _ERROR, format_tool_error(exc, ws.error)
+
+
+def _in_snapshot(work: Any, budget: float) -> tuple[bytes, str]:
+    read_end, write_end = os.pipe()  # close-on-exec: no subprocess of the parent keeps them
+    with warnings.catch_warnings():
+        # 3.12+ warns that fork() in a multi-threaded process may deadlock the child. This child
+        # runs only the expression, the reply and ``os._exit``; a lock another thread held
+        # makes it hang until the deadline kills it, and the process is unaffected. The filter
+        # swap is process-wide for the instant of the fork only.
+        warnings.filterwarnings("ignore", r"This process .*is multi-threaded", DeprecationWarning)
+        pid = os.fork()
+        if pid == 0:
+            _child(write_end, work)
+    os.close(write_end)
+    try:
+        reply, finished = _collect(read_end, budget)
+    finally:
+        os.close(read_end)
+        status = _reap(pid)
+    if not finished:
+        raise InspectionFailed(
+            f"the expression was still running after {budget:.3g}s: its snapshot was stopped "
+            "(nothing in the process changed)"
+        )
+    if reply[:1] in (_VALUE, _ERROR):
+        return reply[:1], reply[1:].decode("utf-8", "replace")
+    raise InspectionFailed(_death(status))
+
+
+def _death(status: int | None) -> str:
+    if status is not None and os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        if number in (signal.SIGSEGV, signal.SIGBUS):
+            return (
+                "the expression wrote to memory shared with other processes, which is "
+                "read-only in diagnose mode; its snapshot was stopped"
+            )
+        return f"the snapshot evaluating the expression died ({signal.Signals(number).name})"
+    return "the snapshot evaluating the expression ended without a result"
+
+
+def _collect(fd: int, budget: float) -> tuple[bytes, bool]:
+    """Read the child's reply until it closes the pipe (True) or the budget runs out (False)."""
+    end = time.monotonic() + budget
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
+    chunks: list[bytes] = []
+    size = 0
+    while size < _MAX_REPLY:
+        left = end - time.monotonic()
+        if left <= 0:
+            return b"", False
+        if not poller.poll(left * 1000):
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks), True
+
+
+def _reap(pid: int) -> int | None:
+    """Kill the child if it still runs and collect it; its exit status (None if gone)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:  # an application's SIGCHLD handler reaped it first
+        return None
+
+
+def _child(write_end: int, work: Any) -> NoReturn:
+    status = 1
+    try:
+        confine(keep=write_end)
+        kind, text = work()
+        reply = kind + text.encode("utf-8", "backslashreplace")
+        view = memoryview(reply)
+        while view:
+            view = view[os.write(write_end, view) :]
+        status = 0
+    finally:
+        # Whatever happened, the copy never unwinds into the process's own frames (the
+        # application's event loop, its request handler): it ends here.
+        os._exit(status)
