@@ -270,7 +270,10 @@ async def _load_off_loop() -> None:
                 error: BaseException | None = None
             except BaseException as exc:  # handed to the loop below
                 error = exc
-            loop.call_soon_threadsafe(_settle_future, future, error)
+            try:
+                loop.call_soon_threadsafe(_settle_future, future, error)
+            except RuntimeError:  # the loop closed meanwhile (its recovery was cancelled)
+                pass
 
         threading.Thread(target=work, name="crashoverride-import", daemon=True).start()
         await future

@@ -14,8 +14,11 @@ Decisions under test:
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -340,3 +343,63 @@ async def test_an_internal_bug_never_replaces_the_users_exception(
         assert any("gave up" in n for n in info.value.__notes__)
     else:
         assert any("internal error" in n and f"bug in {where}" in n for n in info.value.__notes__)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("delay", [0.0, 0.001, 0.003, 0.01, 0.03])
+@pytest.mark.parametrize("stuck", ["model thinking", "agent code"])
+async def test_a_cancelled_recovery_leaves_no_coroutine_unawaited(
+    anyio_backend: str, stuck: str, delay: float
+) -> None:
+    # Defect 22: the SDK's turn coroutine, cancelled with the recovery at any point, must still
+    # be awaited; otherwise "coroutine ... was never awaited" surfaces later, in other code.
+    model = scripted()
+    if stuck == "model thinking":
+        model.enqueue(ModelStep.respond(_hang))
+    else:
+        model.enqueue(exec_step("import anyio\nawait anyio.sleep(3600)"))
+    co = CrashOverride(model=model, timeout=30)
+    unraisable: list[str] = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda info: unraisable.append(f"{info.exc_value!r} {info.object!r}")
+    try:
+        before = running_tasks()
+        raised: KeyError | None = None
+        with anyio.move_on_after(delay) as scope:
+            try:
+                async with co.handler():
+                    fail()
+            except KeyError as exc:  # failed with the cancellation already due: no recovery
+                raised = exc
+        assert scope.cancelled_caught or raised is not None
+        await no_agent_left(before)
+        for _ in range(3):
+            gc.collect()
+            await anyio.sleep(0.01)
+    finally:
+        sys.unraisablehook = previous
+    assert unraisable == []
+
+
+def test_a_first_failure_cancelled_while_loading_leaves_nothing_behind() -> None:
+    # The first failure of a fresh process loads the recovery modules in a thread; cancelled
+    # at once and the loop closed before that thread ends, nothing may fail or leak later.
+    script = (
+        "import asyncio, threading, anyio\n"
+        "from crashoverride import CrashOverride\n"
+        "co = CrashOverride(model='m', api_key='sk-test', timeout=5)\n"
+        "async def main():\n"
+        "    with anyio.move_on_after(0) as scope:\n"
+        "        async with co.handler():\n"
+        "            raise LookupError('x')\n"
+        "    assert scope.cancelled_caught\n"
+        "asyncio.run(main())\n"
+        "for t in threading.enumerate():\n"
+        "    if t.name.startswith('crashoverride'):\n"
+        "        t.join(60)\n"
+        "print('clean exit')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "clean exit\n", "")
