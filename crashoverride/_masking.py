@@ -159,3 +159,35 @@ def _children(value: object, name: object) -> Iterable[tuple[object, object]]:
     if isinstance(attributes, dict):
         return list(islice(attributes.items(), 500))
     return ()
+
+
+# -- request data (query strings, form and JSON bodies) -----------------------------------------
+
+
+def mask_fields(value: Any, is_secret: Callable[[str], bool] = _secrets.is_secret_name) -> Any:
+    """JSON-like data with the values of secret-named keys masked, at any depth."""
+    if isinstance(value, dict):
+        return {
+            key: MASK if hidden(key, item, is_secret) else mask_fields(item, is_secret)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [mask_fields(item, is_secret) for item in value]
+    return value
+
+
+def mask_query(
+    query: str, is_secret: Callable[[str], bool] = _secrets.is_secret_name
+) -> tuple[str, list[str]]:
+    """A query string (or form body) with secret-named parameters masked, and their values."""
+    from urllib.parse import unquote_plus
+
+    kept: list[str] = []
+    values: list[str] = []
+    for part in query.split("&"):
+        name, equals, value = part.partition("=")
+        if equals and value and is_secret(unquote_plus(name)):
+            values.extend({value, unquote_plus(value)})
+            part = f"{name}={MASK}"
+        kept.append(part)
+    return "&".join(kept), values

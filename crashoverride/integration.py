@@ -34,6 +34,7 @@ from ._log import FAILED as RECOVERY_FAILED
 from ._log import FOLLOWUP_UNCONSUMED
 from ._log import SKIPPED as RECOVERY_SKIPPED
 from ._log import WARM_UP_FAILED as RECOVERY_WARM_UP_FAILED
+from ._masking import mask_fields, mask_query
 from ._recovery import Decision as Outcome
 from ._recovery import fingerprint
 from ._redact import MASK, Redactor, is_secret_name
@@ -61,6 +62,8 @@ __all__ = [
     "is_secret_name",
     "judge",
     "loop_running_here",
+    "mask_fields",
+    "mask_query",
     "on_asyncio",
     "recover",
     "redactor",

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import FrameType, MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from crashoverride.integration import MASK, Block, clip, is_secret_name
+from crashoverride.integration import MASK, Block, clip, is_secret_name, mask_fields, mask_query
 
 from ._asgi_exchange import ASGIApp, CapturedResponse, Exchange, replay
 
@@ -29,18 +29,25 @@ NO_RESPONSE = (
 
 
 class RequestInfo:
-    """The failed request as the agent sees it. Secret-looking headers are masked."""
+    """The failed request as the agent sees it.
+
+    Secret-looking headers, query parameters and form or JSON fields are masked; the replay
+    (``replay_request``) still sends the request as it came.
+    """
 
     __slots__ = (
-        "_exchange", "client", "headers", "method", "path", "query", "scheme", "secret_values",
+        "_exchange", "_is_secret", "client", "headers", "method", "path", "query", "scheme",
+        "secret_values",
     )  # fmt: skip
 
     def __init__(self, exchange: Exchange, is_secret: Callable[[str], bool] = is_secret_name):
         scope = exchange.scope
         self._exchange = exchange
+        self._is_secret = is_secret
         self.method: str = scope.get("method", "GET")
         self.path: str = scope.get("path", "")
-        self.query: str = bytes(scope.get("query_string", b"")).decode("latin-1")
+        query = bytes(scope.get("query_string", b"")).decode("latin-1")
+        self.query, hidden = mask_query(query, is_secret)
         self.scheme: str = scope.get("scheme", "http")
         client = scope.get("client")
         self.client = f"{client[0]}:{client[1]}" if client else None
@@ -50,13 +57,23 @@ class RequestInfo:
         ]
         # Masked here, and handed to the recovery's redactor so the values are masked wherever
         # else they show up (an echoing replay, an exception message, a log line).
-        self.secret_values = tuple(value for name, value in raw if is_secret(name))
+        self.secret_values = (*(value for name, value in raw if is_secret(name)), *hidden)
         self.headers = [(name, MASK if is_secret(name) else value) for name, value in raw]
 
     @property
     def body(self) -> bytes | None:
-        """The body, when it was read completely and kept for replay; else None."""
-        return self._exchange.body
+        """The body (secret-named form or JSON fields masked) when it was kept; else None."""
+        body = self._exchange.body
+        if body is None:
+            return None
+        kind = (self.header("content-type") or "").lower()
+        if kind.startswith("application/x-www-form-urlencoded"):
+            return mask_query(body.decode("latin-1"), self._is_secret)[0].encode("latin-1")
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return body
+        return json.dumps(mask_fields(data, self._is_secret)).encode()
 
     @property
     def replayable(self) -> bool | None:
