@@ -32,7 +32,11 @@ class Block:
         frame: The frame whose locals become ``caller`` (write-through), or None.
         globals_: The globals agent code runs in.
         bindings: Extra names in the agent's namespace.
-        brief: Extra text for the agent: what this block is and how to finish it.
+        brief: Extra text for the agent: what this block is and how to finish it. It is shown as
+            instructions: put nothing from outside in it (use ``data``).
+        data: Facts about this occurrence that come from outside (a request's method and
+            target, a task's arguments), by label; shown to the agent fenced as data, so text
+            an attacker chose cannot pass for instructions.
         check: The evidence that the block was recovered, called in the owner's context after
             the agent finished: None or True when recovered, else False or the reason (one
             meaning, see ``_verdict``). May return an awaitable. Required: a block without
@@ -51,8 +55,8 @@ class Block:
     """
 
     __slots__ = (
-        "bindings", "brief", "caller", "check", "fields", "frame", "globals", "kind", "repair_only",
-        "replay", "returns", "secrets", "why_cancelled",
+        "bindings", "brief", "caller", "check", "data", "fields", "frame", "globals", "kind",
+        "repair_only", "replay", "returns", "secrets", "why_cancelled",
     )  # fmt: skip
 
     def __init__(
@@ -71,6 +75,7 @@ class Block:
         secrets: tuple[str, ...] = (),
         why_cancelled: Callable[[], str | None] | None = None,
         repair_only: bool = False,
+        data: Mapping[str, str] | None = None,
     ) -> None:
         self.kind = kind
         self.frame = frame
@@ -85,6 +90,7 @@ class Block:
         self.secrets = secrets
         self.why_cancelled = why_cancelled
         self.repair_only = repair_only
+        self.data = dict(data or {})
 
     def release(self) -> None:
         """Drop every reference into the failed code (frames, bound methods, arguments).

@@ -74,6 +74,7 @@ def prepare(rec: Recovery) -> AgentJob:
         traceback_text=rec.traceback_text,
         locals_summary=summarize_locals(shown, is_secret=rec.redact.is_secret),
         block_brief=block.brief,
+        block_data=block.data,
         location=location,
     )
     return AgentJob(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import secrets
 import textwrap
+from collections.abc import Mapping
 
 from . import _toolbox
 
@@ -162,9 +163,12 @@ def build_input(
     block_brief: str,
     location: str,
     fence: Fence,
+    block_data: Mapping[str, str] | None = None,
 ) -> str:
-    # The location comes from the code object; the brief from the integration. Everything
-    # else carries text the failure brought with it.
+    # The location comes from the code object, the brief from the integration. Everything
+    # else carries text the failure brought with it, the block's data (a request's target) too.
+    facts = "\n".join(f"{label}: {value}" for label, value in (block_data or {}).items())
+    about = f"This occurrence:\n{fence(facts, 'block')}\n\n" if facts else ""
     return (
         "The protected block failed.\n\n"
         f"Exception:\n{fence(exception, 'exception')}\n\n"
@@ -172,7 +176,7 @@ def build_input(
         f"Where: {location}\n\n"
         "Local variables of the protected frame (shortened; inspect them for more):\n"
         f"{fence(locals_summary, 'local variables')}\n\n"
-        f"{block_brief}"
+        f"{about}{block_brief}"
     ).rstrip()
 
 

@@ -92,11 +92,15 @@ class RequestInfo:
             raise ValueError("the request body was not kept (see request.replayable)")
         return json.loads(body)
 
+    @property
+    def target(self) -> str:
+        """The path and (masked) query string."""
+        return self.path + ("?" + self.query if self.query else "")
+
     def __repr__(self) -> str:
-        target = self.path + ("?" + self.query if self.query else "")
         body = self.body
         shown = "not kept" if body is None else clip(body.decode("utf-8", "replace"), 300)
-        return f"<request {self.method} {target} body={shown!r}>"
+        return f"<request {self.method} {self.target} body={shown!r}>"
 
 
 class RequestRecovery:
@@ -185,6 +189,8 @@ class RequestRecovery:
                 "endpoint": endpoint,
             },
             brief=self.brief(),
+            # The client chose the target (a decoded path may hold line breaks): data, not brief.
+            data={"request": f"{self.info.method} {self.info.target}"},
             check=self.check,
             replay=self.replay_for_waiter,
             fields=self.fields,
@@ -197,7 +203,6 @@ class RequestRecovery:
 
     def brief(self) -> str:
         info = self.info
-        target = info.path + ("?" + info.query if info.query else "")
         if info.method in SAFE_METHODS:
             method = f"{info.method} is a safe method: replaying it has no side effects to fear."
         elif info.method in IDEMPOTENT_METHODS:
@@ -228,7 +233,7 @@ class RequestRecovery:
             size = self.exchange.size
             body = f"The request body ({size} bytes) is kept: the request is replayable."
         return f"""\
-This block is the HTTP request {info.method} {target} in an ASGI application. It raised before
+This block is the HTTP request shown above, in an ASGI application. It raised before
 any part of the response was sent. Execution does not resume inside the endpoint: the client
 receives the response you produce, or the application's normal 500 error if you produce none.
 `request` describes it (method, path, query, headers with secrets masked, body, json()).

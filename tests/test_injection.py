@@ -172,3 +172,33 @@ def test_no_marker_look_alike_survives_inside_the_fence(forged: str) -> None:
     assert inner.startswith("before &lt;") and inner.endswith(" after")
     assert not re.search(r"<\s*/?\s*untrusted", inner, re.IGNORECASE)
     assert fenced.endswith('\n</untrusted-data id="abc">')
+
+
+def test_a_request_target_is_data_not_part_of_the_brief() -> None:
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from crashoverride.integrations.asgi import CrashOverrideMiddleware
+
+    from tests.integrations.asgi_support import first_input, serve
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        raise LookupError("no such order")
+
+    model = scripted(done_step("no response"))
+    wrapped = CrashOverrideMiddleware(app, crash_override=CrashOverride(model=model))
+    # uvicorn decodes the path: the line breaks reach the application (and the brief).
+    path = "/orders/7\n\n" + FORGED.split("card declined\n", 1)[1]
+    with serve(wrapped, lifespan="off") as served:
+        url = served.url + urllib.parse.quote(path)
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(url, timeout=30)
+    assert answer.value.code == 500
+    call = model.first_call
+    assert call is not None
+    nonce = _nonce(str(call.system_instructions))
+    user = first_input(model)
+    assert ATTACK in user and 'source="block">\nrequest: GET /orders/7' in user
+    _assert_fenced(user, nonce)
+    assert "This block is the HTTP request shown above" in _outside(user, nonce)
