@@ -53,8 +53,10 @@ class CrashOverride:
         followup_timeout: Budget of one follow-up run, in seconds. Wall-clock, for its agent run.
         mode: ``"repair"`` or ``"diagnose"`` (read-only). Repair has the full tools; diagnose
             only inspects and always re-raises, with the agent's diagnosis attached.
-        approve: Called with the code of each snippet before it runs. Sync or async; a false
-            result or a string (the reason) denies it and the model is told so.
+        approve: Called with every tool call before it runs. It gets an ``ApprovalRequest``
+            (a snippet's code or ``tool(arg=value)``, with ``.tool`` and ``.arguments``). Sync
+            or async; a false result or a string (the reason) denies it: the call does not run
+            and the model is told so.
         allow_source_changes: Let recoveries persist fixes to sources. Off by default.
         source_changes: ``"write"`` or ``"patch"``. Write edits the file and keeps a backup;
             patch writes a ``.patch`` file for review instead.

@@ -331,7 +331,7 @@ class Settings:
     followup_runner = Field(None, _runner, BOTH, "Where follow-ups run.")
     followup_timeout = Field(600.0, _positive, BOTH, "Budget of one follow-up run, in seconds.")
     mode = Field("repair", _choice(*MODES), BOTH, '``"repair"`` or ``"diagnose"`` (read-only).')
-    approve = Field(None, _hook, BOTH, "Called with the code of each snippet before it runs.")
+    approve = Field(None, _hook, BOTH, "Called with every tool call before it runs.")
     allow_source_changes = Field(False, _flag, BOTH, "Let recoveries persist fixes to sources.")
     source_changes = Field("write", _choice(*SOURCE_STYLES), BOTH, '``"write"`` or ``"patch"``.')
     redaction = Field(None, _redaction, APP, "Extra redaction rules on top of the defaults.")
