@@ -82,7 +82,9 @@ def evaluate_plain(expression: str, globals_: Mapping[str, Any], names: Mapping[
     """The rendered value of ``expression`` (None if it is None); ``PermissionError`` if refused."""
     tree = ast.parse(expression.strip(), "<inspect_python>", "eval")
     value = _Evaluator(globals_, names).visit(tree.body)
-    return None if value is None else render_static(value)
+    if value is None or type(value) is str:
+        return value  # shown as any tool shows them (``describe_result``)
+    return render_static(value)
 
 
 class _Evaluator(ast.NodeVisitor):

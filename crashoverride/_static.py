@@ -105,10 +105,6 @@ def read_attribute(value: object, name: str, default: Any = _MISSING) -> Any:
     kind = type(value)
     if name == "__class__":
         return kind
-    if is_type(value):
-        entry = class_entry(value, name)  # type: ignore[arg-type]
-        if entry is not _MISSING:
-            return entry  # the class's own entry (a descriptor as itself)
     entry = class_entry(kind, name)
     is_data = entry is not _MISSING and any(
         class_entry(type(entry), hook) is not _MISSING for hook in ("__set__", "__delete__")
@@ -117,6 +113,10 @@ def read_attribute(value: object, name: str, default: Any = _MISSING) -> Any:
         if one_of(type(entry), _SLOTLIKE):
             return entry.__get__(value, kind)
         raise refuse(f"{describe(value)}.{name} is computed by code (a property or descriptor)")
+    if is_type(value):
+        own = class_entry(value, name)  # type: ignore[arg-type]
+        if own is not _MISSING:
+            return own  # the class's own entry (a descriptor as itself, unbound)
     namespace = instance_dict(value)
     if namespace is not None and name in namespace:
         return namespace[name]

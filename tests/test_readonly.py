@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
-from crashoverride import CrashOverride
+from crashoverride import CrashOverride, _snapshot
 from crashoverride._namespace import Workspace
 from tests.helpers import done_step, scripted, tool_outputs
 
@@ -133,68 +133,56 @@ def attempt(ws: Workspace, expression: str) -> str:
         return f"{type(exc).__name__}: {exc}"
 
 
-# (write attempt, read-only inspection of the same state, its expected result, unchanged?)
-Check = Callable[[World], bool]
-ATTEMPTS: dict[str, tuple[str, str, str, Check]] = {
-    "key=exec": (
-        "max([\"hits.append('exec')\"], key=exec)", "len(hits)", "0", lambda w: w.hits == []),
-    "key=caller.update": (
-        "max([{'items': None}], key=caller.update)", "items", "[1, 2]",
-        lambda w: w.caller["items"] == [1, 2]),
-    "key=vars(obj).update": (
-        "max([{'balance': 0}], key=vars(account).update)", "account.balance", "100",
-        lambda w: w.account.balance == 100),
-    "key=getattr(os, 'system')": (
-        "max(['touch ' + target], key=getattr(os, 'system'))", "target.endswith('.txt')", "True",
-        lambda w: not w.target.exists()),
-    "key=type(obj).mutate": (
-        "max([account], key=type(account).mutate)", "account.balance", "100",
-        lambda w: w.account.balance == 100),
-    "queue.Queue.get": (
-        "jobs.get()", "jobs.qsize()", "1", lambda w: w.jobs.qsize() == 1),
-    "asyncio.Queue.get_nowait": (
-        "ajobs.get_nowait()", "ajobs.qsize()", "1", lambda w: w.ajobs.qsize() == 1),
-    "httpx.get internal URL": (
-        "httpx.get(url, timeout=2)", "url.startswith('http://127.0.0.1')", "True",
-        lambda w: w.server.connections == 0),
-    "open().write": (
-        "open(target, 'w').write('pwned')", "target.endswith('created.txt')", "True",
-        lambda w: not w.target.exists()),
-    "os.remove": (
-        "os.remove(victim)", "len(victim) > 0", "True",
-        lambda w: w.victim.read_text() == "precious"),
-    "setattr": (
-        "setattr(account, 'balance', 0)", "account.balance", "100",
-        lambda w: w.account.balance == 100),
-    "list.append": ("items.append(99)", "len(items)", "2", lambda w: w.items == [1, 2]),
-    "dict.update": (
-        "settings.update(debug=True)", "settings['debug']", "False",
-        lambda w: w.settings == {"debug": False}),
-    "property with a side effect": (
-        "account.audited", "account.reads", "0", lambda w: w.account.reads == 0),
+# name: (write attempt, a read-only inspection of the same state, its expected result)
+ATTEMPTS: dict[str, tuple[str, str, str]] = {
+    # The 13 of issue 11.
+    "key=exec": ("max([\"hits.append('exec')\"], key=exec)", "len(hits)", "0"),
+    "key=caller.update": ("max([{'items': None}], key=caller.update)", "items", "[1, 2]"),
+    "key=vars(obj).update": ("max([{'balance': 0}], key=vars(account).update)",
+                             "account.balance", "100"),
+    "key=getattr(os, 'system')": ("max(['touch ' + target], key=getattr(os, 'system'))",
+                                  "target.endswith('.txt')", "True"),
+    "key=type(obj).mutate": ("max([account], key=type(account).mutate)",
+                             "account.balance", "100"),
+    "queue.Queue.get": ("jobs.get()", "jobs.qsize()", "1"),
+    "asyncio.Queue.get_nowait": ("ajobs.get_nowait()", "ajobs.qsize()", "1"),
+    "httpx.get internal URL": ("httpx.get(url, timeout=2)", "url[:16]", "http://127.0.0.1"),
+    "open().write": ("open(target, 'w').write('pwned')", "target[-11:]", "created.txt"),
+    "os.remove": ("os.remove(victim)", "victim[-8:]", "keep.txt"),
+    "setattr": ("setattr(account, 'balance', 0)", "account.balance", "100"),
+    "list.append": ("items.append(99)", "len(items)", "2"),
+    "dict.update": ("settings.update(debug=True)", "settings['debug']", "False"),
+    "property with a side effect": ("account.audited", "account.reads", "0"),
     # More of our own.
-    "os.environ mutation": (
-        "os.environ.update(CO_READONLY_PWNED='1')", "'PATH' in os.environ", "True",
-        lambda w: "CO_READONLY_PWNED" not in os.environ),
-    "sys.modules mutation": (
-        "sys.modules.pop('json')", "'json' in sys.modules", "True",
-        lambda w: "json" in sys.modules),
-    "generator advanced": ("next(gen)", "type(gen).__name__", "generator",
-                           lambda w: inspect.getgeneratorstate(w.gen) == inspect.GEN_CREATED),
-    "threading.Event set": (
-        "flag.set()", "flag.is_set()", "False", lambda w: not w.flag.is_set()),
-    "module global rebound": (
-        "globals().update(LIMIT=0)", "LIMIT", "10", lambda w: w.module_globals["LIMIT"] == 10),
-    "subprocess": (
-        "__import__('subprocess').run(['touch', target])", "LIMIT", "10",
-        lambda w: not w.target.exists()),
-    "pathlib write": (
-        "__import__('pathlib').Path(target).write_text('x')", "LIMIT", "10",
-        lambda w: not w.target.exists()),
-    "os.rename": (
-        "os.rename(victim, target)", "LIMIT", "10",
-        lambda w: w.victim.exists() and not w.target.exists()),
+    "os.environ mutation": ("os.environ.update(CO_READONLY_PWNED='1')",
+                            "'CO_READONLY_PWNED' in os.environ", "False"),
+    "sys.modules mutation": ("sys.modules.pop('json')", "'json' in sys.modules", "True"),
+    "generator advanced": ("next(gen)", "type(gen).__name__", "generator"),
+    "threading.Event set": ("flag.set()", "flag.is_set()", "False"),
+    "module global rebound": ("globals().update(LIMIT=0)", "LIMIT", "10"),
+    "subprocess": ("__import__('subprocess').run(['touch', target])", "LIMIT", "10"),
+    "pathlib write": ("__import__('pathlib').Path(target).write_text('x')", "LIMIT", "10"),
+    "os.rename": ("os.rename(victim, target)", "LIMIT", "10"),
+    "sqlite3 file": ("__import__('sqlite3').connect(target).execute('create table t(x)')",
+                     "LIMIT", "10"),
 }  # fmt: skip
+
+
+def unchanged(w: World) -> list[str]:
+    """What differs from the state ``World`` was built with (empty: nothing changed)."""
+    checks = {
+        "hits": w.hits == [], "items": w.items == [1, 2] and w.caller["items"] is w.items,
+        "account": (w.account.balance, w.account.reads) == (100, 0),
+        "jobs": w.jobs.qsize() == 1 and w.ajobs.qsize() == 1,
+        "server": w.server.connections == 0,
+        "files": w.victim.read_text() == "precious" and not w.target.exists(),
+        "settings": w.settings == {"debug": False},
+        "environ": "CO_READONLY_PWNED" not in os.environ, "modules": "json" in sys.modules,
+        "gen": inspect.getgeneratorstate(w.gen) == inspect.GEN_CREATED,
+        "flag": not w.flag.is_set(), "globals": w.module_globals["LIMIT"] == 10,
+    }  # fmt: skip
+    return [name for name, ok in checks.items() if not ok]
+
 
 import json  # noqa: E402,F401  (the sys.modules case checks that it stays imported)
 
@@ -204,36 +192,26 @@ def world(tmp_path: Path, server: _Server) -> World:
     return World(tmp=tmp_path, server=server)
 
 
-def _assert_untouched(world: World, name: str, text: str) -> None:
-    write, read, expected, unchanged = ATTEMPTS[name]
-    assert unchanged(world), f"{name}: the attempt changed the process: {text}"
-    assert attempt(world.workspace(), read) == expected, name
-
-
 @pytest.mark.skipif(not LINUX, reason="the forked snapshot is the Linux mechanism")
 @pytest.mark.parametrize("name", list(ATTEMPTS))
 def test_a_write_attempt_in_a_snapshot_changes_nothing(world: World, name: str) -> None:
-    text = attempt(world.workspace(), ATTEMPTS[name][0])
-    _assert_untouched(world, name, text)
-    # The server still counts connections: a real request from this process is seen.
+    write, read, expected = ATTEMPTS[name]
+    text = attempt(world.workspace(), write)
+    assert unchanged(world) == [], text
+    assert attempt(world.workspace(), read) == expected
+    # The server counts connections: a real request from this process is the only one seen.
     assert httpx.get(world.caller["url"].replace("pwned", "check"), timeout=5).text == "ok"
-    assert world.server.paths == ["/check"]
+    assert (world.server.connections, world.server.paths) == (1, ["/check"])
 
 
 @pytest.mark.parametrize("name", list(ATTEMPTS))
 def test_the_fallback_evaluator_refuses_every_write_attempt(
     world: World, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from crashoverride import _snapshot
-
     monkeypatch.setattr(_snapshot, "FORK_ENABLED", False)
     text = attempt(world.workspace(), ATTEMPTS[name][0])
-    write, read, expected, unchanged = ATTEMPTS[name]
-    assert unchanged(world), f"{name}: {text}"
-    assert text.startswith("PermissionError: diagnose mode"), (name, text)
-    monkeypatch.setattr(_snapshot, "FORK_ENABLED", True)
-    if LINUX:
-        _assert_untouched(world, name, text)
+    assert text.startswith("PermissionError: diagnose mode"), text
+    assert unchanged(world) == []
 
 
 def test_diagnose_mode_through_the_handler_leaves_the_block_untouched() -> None:
@@ -258,3 +236,202 @@ def _inspect(expression: str) -> Any:
     from agents.testing import function_call
 
     return function_call("inspect_python", {"expression": expression}, call_id=expression[:40])
+
+
+# -- what a fork shares with the process: descriptors, shared memory, other processes -------
+
+fork_only = pytest.mark.skipif(not LINUX, reason="the forked snapshot is the Linux mechanism")
+
+
+@fork_only
+def test_an_inherited_connection_cannot_be_used_from_the_snapshot(world: World) -> None:
+    port = world.server.server_port
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        world.caller["conn"] = conn
+        text = attempt(world.workspace(), "conn.sendall(b'GET /pwned HTTP/1.0\\r\\n\\r\\n')")
+        assert "Bad file descriptor" in text
+        conn.sendall(b"GET /check HTTP/1.0\r\n\r\n")
+        assert conn.recv(1024).startswith(b"HTTP/1.0 200")
+    assert world.server.paths == ["/check"]
+
+
+@fork_only
+def test_an_open_file_of_the_process_cannot_be_written_from_the_snapshot(world: World) -> None:
+    with open(world.tmp / "app.log", "w") as log:
+        world.caller["log"] = log
+        text = attempt(world.workspace(), "(log.write('pwned'), log.flush())")
+        assert "Bad file descriptor" in text
+        assert attempt(world.workspace(), "log.name[-7:]") == "app.log"
+    assert (world.tmp / "app.log").read_text() == ""
+
+
+@fork_only
+def test_memory_shared_with_the_process_is_read_only_in_the_snapshot(world: World) -> None:
+    shared = mmap.mmap(-1, 16)  # anonymous mmaps are MAP_SHARED: a fork writes through
+    shared.write(b"live")
+    world.caller["shared"] = shared
+    text = attempt(world.workspace(), "(shared.seek(0), shared.write(b'pwnd'))")
+    assert "wrote to memory shared with other processes" in text
+    assert shared[:4] == b"live"
+    assert attempt(world.workspace(), "shared[:4]") == "b'live'"
+
+
+@fork_only
+def test_the_snapshot_cannot_signal_or_start_processes(world: World) -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        world.caller["pid"] = sleeper.pid
+        assert "os.kill refused" in attempt(world.workspace(), "os.kill(pid, 9)")
+        assert "os.system refused" in attempt(world.workspace(), "os.system('true')")
+        assert "os.fork refused" in attempt(world.workspace(), "os.fork()")
+        with pytest.raises(subprocess.TimeoutExpired):
+            sleeper.wait(timeout=0.2)  # still running
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+@fork_only
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        "vars(sys.modules['crashoverride._confine']).update(_REFUSED=frozenset())",
+        "setattr(__import__('builtins'), 'len', lambda *args: 0)",
+        "setattr(sys.modules['crashoverride._confine']._refuse, '__kwdefaults__', {})",
+        "__import__('ctypes').CDLL(None)",
+    ],
+)
+def test_the_audit_hook_cannot_be_switched_off(world: World, tamper: str) -> None:
+    text = attempt(world.workspace(), f"({tamper}, os.remove(victim))")
+    assert "refused" in text
+    assert unchanged(world) == []
+
+
+@fork_only
+def test_a_dns_lookup_cannot_carry_data_out(world: World) -> None:
+    text = attempt(world.workspace(), "__import__('socket').gethostbyname('x.example.invalid')")
+    assert "socket.gethostbyname refused" in text
+
+
+@fork_only
+def test_an_expression_still_running_at_the_deadline_is_stopped(world: World) -> None:
+    ws = world.workspace()
+    ws.deadline = time.monotonic() + 0.3
+    text = attempt(ws, "any(iter(int, 1))")  # zeros forever
+    assert text.startswith("InspectionFailed: the expression was still running")
+    ws.deadline = time.monotonic()
+    assert "time is up" in attempt(ws, "len(items)")
+
+
+@fork_only
+def test_a_lock_held_by_another_thread_hangs_only_the_snapshot(world: World) -> None:
+    # Forking with a second thread alive is what 3.12+ warns about; the snapshot hangs on the
+    # lock that thread holds until the deadline, and the process is not affected.
+    lock, taken, release = threading.Lock(), threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with lock:
+            taken.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    taken.wait(10)
+    try:
+        world.caller["lock"] = lock
+        ws = world.workspace()
+        ws.deadline = time.monotonic() + 0.3
+        assert "still running" in attempt(ws, "lock.acquire()")
+        ws.deadline = None
+        assert attempt(ws, "lock.locked()") == "True"
+    finally:
+        release.set()
+        thread.join()
+    assert lock.acquire(blocking=False)
+    lock.release()
+
+
+@fork_only
+def test_results_errors_and_printed_output_come_back_from_the_snapshot(world: World) -> None:
+    ws = world.workspace()
+    assert attempt(ws, "print('seen', len(items))") == "seen 2\n"
+    assert attempt(ws, "settings") == "{'debug': False}"
+    failed = attempt(ws, "settings['missing']")
+    assert failed.startswith("InspectionFailed: Traceback") and "KeyError: 'missing'" in failed
+    assert "SyntaxError" in attempt(ws, "items.append(")
+    assert "NameError" in attempt(ws, "undefined_name")
+
+
+# -- the fallback: reads that still work without a snapshot ----------------------------------
+
+FALLBACK_READS = {
+    "len(items)": "2", "items[-1]": "2", "settings['debug']": "False",
+    "sorted(settings)": "['debug']", "account.balance": "100",
+    "vars(account)": "{'balance': 100, 'reads': 0}", "type(gen).__name__": "generator",
+    "'debug' in settings": "True", "len(items) > 1 and items[0] == 1": "True",
+    "isinstance(account, Account)": "True", "hasattr(account, 'audited')": "True",
+    "account.mutate": "<function Account.mutate>", "max(items, key=abs) + 1": "3",
+    "caller['items'][:1]": "[1]", "target.endswith('.txt')": "True",
+    "repr(account)": "<tests.test_readonly.Account object {'balance': 100, 'reads': 0}>",
+    "[account.balance, None]": "[100, None]",
+    "type(account)": "<class 'tests.test_readonly.Account'>",
+    "LIMIT if flag is not None else 0": "10", "os.sep": "/",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("expression", list(FALLBACK_READS))
+def test_the_fallback_evaluator_reads_plain_data_and_fields(
+    world: World, expression: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_snapshot, "FORK_ENABLED", False)
+    world.module_globals["Account"] = Account
+    assert attempt(world.workspace(), expression) == FALLBACK_READS[expression]
+    assert unchanged(world) == []
+
+
+def test_the_fallback_evaluator_runs_no_code_of_the_application(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ran: list[str] = []
+
+    class Meta(type):
+        def __instancecheck__(cls, instance: object) -> bool:
+            ran.append("instancecheck")
+            return True
+
+    class Sneaky(metaclass=Meta):
+        def __getattr__(self, name: str) -> Any:
+            ran.append("getattr")
+            return 1
+
+        def __eq__(self, other: object) -> bool:
+            ran.append("eq")
+            return True
+
+        def __hash__(self) -> int:
+            ran.append("hash")
+            return 1
+
+        def __bool__(self) -> bool:
+            ran.append("bool")
+            return True
+
+        def __len__(self) -> int:
+            ran.append("len")
+            return 1
+
+        def __repr__(self) -> str:
+            ran.append("repr")
+            return "sneaky"
+
+    monkeypatch.setattr(_snapshot, "FORK_ENABLED", False)
+    obj = Sneaky()
+    ws = Workspace(globals_={"obj": obj, "Sneaky": Sneaky}, caller={}, bindings={})
+    for expression in (
+        "obj.missing", "obj == 1", "{obj}", "obj in [1]", "not obj", "len(obj)",
+        "isinstance(1, Sneaky)", "sorted([obj, obj])", "obj and 1", "str(obj)",
+    ):  # fmt: skip
+        assert attempt(ws, expression).startswith("PermissionError: diagnose mode"), expression
+    assert attempt(ws, "obj") == f"<tests.test_readonly.{Sneaky.__qualname__} object>"
+    assert attempt(ws, "obj is obj") == "True"
+    assert ran == []
