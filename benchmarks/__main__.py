@@ -23,6 +23,7 @@ MODULES = [
     "benchmarks.bench_faults",
     "benchmarks.bench_first_recovery",
     "benchmarks.bench_credentials",
+    "benchmarks.bench_secrets",
 ]
 
 

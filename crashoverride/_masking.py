@@ -130,7 +130,7 @@ def secret_values(
         if isinstance(value, str):
             if isinstance(name, str) and is_secret(name):
                 found.append(value)
-            elif len(value) <= _MAX_SCANNED:
+            elif len(value) <= _MAX_SCANNED and _may_hide_a_part(value):
                 found.extend(_secrets.found(value, is_secret))
             continue
         if depth >= _MAX_DEPTH or isinstance(value, _HARMLESS + _OPAQUE) or id(value) in seen:
@@ -141,6 +141,12 @@ def secret_values(
         except Exception:  # a property or mapping that fails is simply not walked
             continue
     return found
+
+
+def _may_hide_a_part(text: str) -> bool:
+    # Worth remembering apart from its string: a URL's password, the value in ``key=value``.
+    # (Whole tokens need no memory: the detector finds them wherever they appear.)
+    return "=" in text or ":" in text
 
 
 def _children(value: object, name: object) -> Iterable[tuple[object, object]]:

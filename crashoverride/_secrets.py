@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Iterator
 
 _SECRET_WORDS = (
-    r"(passw(or)?d|passphrase|^pass$|(^|[_-])pwd$|secret|token|api[_-]?key|(^|[_-])key$|"
+    r"(passw(or)?d|passphrase|^pass$|[_-]pwd$|secret|token|api[_-]?key|(^|[_-])key$|"
     r"private[_-]?key|access[_-]?key|(^|[_-])pat$|(^|[_-])auth$|authori[sz]ation|cookie|"
     r"credential|session[_-]?id|signature|dsn)"
 )
@@ -33,7 +33,7 @@ _ORDINARY_WORDS = (
     r"expires(_in|_at)?|header|env|var))$"
 )
 # Names whose values are secret even when they look ordinary (``password=hunter``).
-_ALWAYS_WORDS = r"passw(or)?d|passphrase|^pass$|(^|[_-])pwd$|secret"
+_ALWAYS_WORDS = r"passw(or)?d|passphrase|^pass$|[_-]pwd$|secret"
 
 
 @functools.cache
@@ -131,14 +131,20 @@ def _assignment_secret(
 ) -> bool:
     if not is_secret(key) or value.startswith("[REDACTED") or set(value) <= {"*", "x", "X"}:
         return False
+    # A bare dotted name is code (``password=self.password``, ``token: anyio.Token``), unless
+    # it sits in a query string or form body.
+    code = not (quoted or bare_context) and re.fullmatch(_DOTTED, value) is not None
     if _names()[2].search(key):
-        # ``password=password`` or ``password=self.password`` is code passing a variable on;
-        # anything else is the password.
+        # ``password=password`` passes a variable on; anything else is the password.
         if quoted or bare_context:
             return len(value) >= 3
-        code = re.fullmatch(_DOTTED, value) is not None and not any(c.isdigit() for c in value)
-        return not code and value.lower() != key.lower()
-    return _random_looking(value)
+        digits = any(c.isdigit() for c in value)
+        return (digits or not code) and value.lower() != key.lower() and _wordlike(value)
+    return not code and _random_looking(value)
+
+
+def _wordlike(value: str) -> bool:
+    return len(value) >= 3 and any(c.isalnum() for c in value)
 
 
 def spans(

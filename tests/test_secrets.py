@@ -111,7 +111,9 @@ def test_more_secret_names(name: str) -> None:
     assert is_secret_name(name)
 
 
-@pytest.mark.parametrize("name", ["max_tokens", "token_type", "api_key_path", "secret_name"])
+@pytest.mark.parametrize(
+    "name", ["max_tokens", "token_type", "api_key_path", "secret_name", "PWD", "OLDPWD"]
+)
 def test_names_of_counts_kinds_and_places_are_not_secret(name: str) -> None:
     assert not is_secret_name(name)
 

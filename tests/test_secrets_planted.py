@@ -8,7 +8,6 @@ plays a curious agent: it reads the environment, the settings, every local, the 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -16,7 +15,6 @@ from typing import Any
 
 import anyio
 import httpx
-import pydantic
 import pytest
 from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from starlette.applications import Starlette
@@ -49,6 +47,8 @@ from tests.test_secrets import (
     SLACK_HOOK,
     SLACK_HOOK_PATH,
     STRIPE,
+    Account,
+    Database,
 )
 
 API_KEY = "local-apikey-Zx81Qw4Rt"  # no known format: masked because crashoverride holds it
@@ -71,17 +71,6 @@ PLANTED = [
 ]  # fmt: skip
 
 CO: Any = None  # the application object, a module global as in most applications
-
-
-@dataclasses.dataclass
-class Database:
-    host: str
-    password: str
-
-
-class Account(pydantic.BaseModel):
-    user: str
-    api_key: str
 
 
 class Holder:
