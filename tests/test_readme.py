@@ -375,7 +375,11 @@ def _default_of(cell: str) -> object:
 def test_configuration_table_has_every_argument_in_order_with_its_default() -> None:
     rows = _table_rows()
     arguments = [field for field in FIELDS if field.scope != HANDLER]
-    assert list(rows) == [field.name for field in arguments]
+    names = [field.name for field in arguments]
+    missing, extra = set(names) - set(rows), set(rows) - set(names)
+    assert not missing, f"add a README Configuration row for each of {sorted(missing)}"
+    assert not extra, f"README Configuration rows for arguments that do not exist: {extra}"
+    assert list(rows) == names, "README Configuration rows in the order of the settings table"
     for field in arguments:
         assert _default_of(rows[field.name]) == field.default, field.name
 
