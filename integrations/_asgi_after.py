@@ -152,15 +152,18 @@ class BackgroundRecovery:
         self.handler = handler
         self.fields = fields
 
-    async def recover(self, exc: BaseException, queued: Queued) -> bool:
-        """Whether the task is recovered (its followers may run). Raises only what must replace
-        ``exc``: the agent's ``raise_instead``, an interrupt, a cancellation."""
+    async def recover(self, exc: BaseException, queued: Queued) -> bool | BaseException:
+        """Whether the task is recovered (the tasks after it may run), or the exception the
+        agent raises instead (``raise_instead``). An interrupt or a cancellation propagates."""
         build = functools.partial(self._block, queued, exc)
         try:
             outcome = await integration.arecover(self.handler, exc, build)
         finally:
             del build  # it holds ``exc``, whose traceback holds the failed frames
-        recovered = integration.settle(self.handler, outcome, exc)
+        try:
+            recovered = integration.settle(self.handler, outcome, exc)
+        except Exception as replacement:  # chained to ``exc`` already
+            return replacement
         if not recovered and queued.after:
             names = ", ".join(task_names(queued.after))
             exc.add_note(f"crashoverride: the background tasks queued after it did not run: "
@@ -185,7 +188,10 @@ class BackgroundRecovery:
                 if queued is None:
                     raise
                 queued.after.extend(pending)
-                if not await self.recover(exc, queued):
+                recovered = await self.recover(exc, queued)
+                if isinstance(recovered, BaseException):
+                    raise recovered from exc
+                if not recovered:
                     raise
                 pending = deque(queued.after)
 

@@ -281,13 +281,13 @@ class CrashOverrideMiddleware:
         queued = locate(exc) if exchange.finished else None
         if queued is not None:
             background = BackgroundRecovery(self.handler, self._fields(exchange))
-            try:
-                if not await background.recover(exc, queued):
-                    return None
-            except Exception as replacement:  # the agent's raise_instead, chained to ``exc``
-                return replacement
+            recovered = await background.recover(exc, queued)
+            if isinstance(recovered, BaseException) or not recovered:
+                return recovered or None  # the agent's raise_instead, or re-raise ``exc``
             return functools.partial(background.run, queued.after)
-        if not self._repair_after_start:
+        if not self._repair_after_start or exchange.finished:
+            # A finished response is not replayed for a repair: its background tasks would
+            # run again with it.
             self._skip(exc, exchange, _STARTED)
             return None
         return await self._recover(exc, exchange)  # repair-only: the exception propagates

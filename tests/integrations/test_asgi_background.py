@@ -253,6 +253,20 @@ def test_a_decorated_background_function_is_recovered_once(
     assert probe.ran == [f"audit {EMAIL}"]
 
 
+def test_raise_instead_replaces_the_background_failure(
+    probe: background_apps.Probe, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = scripted(exec_step("raise_instead(RuntimeError('the mail relay is down'))"))
+    app = background_apps.fastapi_app(crash_override=CrashOverride(model=model))
+    with caplog.at_level(logging.ERROR), serve(app) as server:
+        httpx.post(server.url + "/asignup", params={"email": EMAIL}, timeout=30)
+        probe.release.set()
+        wait_for(lambda: server_errors(caplog))
+    [error] = server_errors(caplog)
+    assert isinstance(error, RuntimeError) and isinstance(error.__cause__, KeyError)
+    assert probe.ran == [f"audit {EMAIL}"]  # the rest do not run
+
+
 def _noop_a() -> None:
     pass
 
