@@ -42,6 +42,14 @@ def emit(level: str, event: str, **fields: Any) -> None:
     try:
         import structlog
 
+        from ._redact import MASK
+        from ._secrets import mask
+
+        # The last line of defence for events: a field that escaped its recovery's redactor
+        # (an exception's repr from a background job, an internal error) is still scanned.
+        for name, value in fields.items():
+            if isinstance(value, str):
+                fields[name] = mask(value, MASK)
         getattr(structlog.get_logger("crashoverride"), level)(event, **fields)
     except Exception:  # a broken log pipeline must not replace the user's exception
         pass

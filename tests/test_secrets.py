@@ -235,3 +235,13 @@ def test_values_are_masked_before_a_long_string_is_shortened() -> None:
     long = "x" * 100 + f" key {OPENAI} " + "y" * 400
     text = summarize_locals({"blob": long})
     assert OPENAI[:12] not in text
+
+
+def test_every_event_field_is_scanned() -> None:
+    from structlog.testing import capture_logs
+
+    from crashoverride import _log
+
+    with capture_logs() as logs:
+        _log.emit("error", _log.BACKGROUND_FAILED, error=f"ValueError('bad key {STRIPE}')", n=1)
+    assert STRIPE not in str(logs) and MASK in logs[0]["error"] and logs[0]["n"] == 1
