@@ -198,10 +198,15 @@ class BackgroundRecovery:
     def _block(self, queued: Queued, exc: BaseException) -> integration.Block:
         task = queued.task
         func, args, kwargs = task.func, tuple(task.args), dict(task.kwargs)
-        name = _callable_name(func)
         is_async = getattr(task, "is_async", None)
         if not isinstance(is_async, bool):
             is_async = inspect.iscoroutinefunction(func)
+        while isinstance(func, functools.partial):
+            # The same call, unwrapped: the agent then works in the function's own module,
+            # with its frame and locals, not in a partial's caller's.
+            args, kwargs = (*func.args, *args), {**func.keywords, **kwargs}
+            func = func.func
+        name = _callable_name(func)
         after = task_names(queued.after)
         shown = ", ".join(f"`{n}`" for n in after)
         brief = BACKGROUND_BRIEF.format(

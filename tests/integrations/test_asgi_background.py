@@ -5,6 +5,7 @@ A real uvicorn server and a real HTTP client; only the model is scripted.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from starlette.background import BackgroundTask, BackgroundTasks
 from structlog.testing import capture_logs
 
 from crashoverride import ConfigurationError, CrashOverride, RecoveryReport
-from integrations._asgi_after import locate, task_names
+from integrations._asgi_after import BackgroundRecovery, locate, task_names
 from tests.integrations import background_apps
 from tests.integrations.asgi_support import (
     done_step,
@@ -355,3 +356,19 @@ def test_repair_after_start_must_be_a_bool(value: Any) -> None:
             crash_override=CrashOverride(model=scripted()),
             repair_after_start=value,
         )
+
+
+@pytest.mark.anyio
+async def test_a_queued_partial_is_described_as_the_call_it_makes(anyio_backend: str) -> None:
+    task = BackgroundTask(functools.partial(background_apps.send_welcome, EMAIL), subject="Hi")
+    with pytest.raises(KeyError) as info:
+        await task()
+    queued = locate(info.value)
+    assert queued is not None
+    recovery = BackgroundRecovery(CrashOverride(model=scripted()).handler(), {"path": "/"})
+    block = recovery._block(queued, info.value)
+    assert block.bindings["function"] is background_apps.send_welcome
+    assert (block.bindings["args"], block.bindings["kwargs"]) == ((EMAIL,), {"subject": "Hi"})
+    assert block.globals is vars(background_apps)  # the agent works in the function's module
+    assert block.fields["background_task"] == "send_welcome"
+    block.release()
