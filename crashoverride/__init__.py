@@ -18,6 +18,7 @@ from ._handler import Handler
 from ._redact import Redaction
 
 if TYPE_CHECKING:
+    from ._redis_coordination import RedisCoordination
     from ._report import ApprovalRequest, RecoveryReport, SourceChange, ToolCallRecord, Usage
 
 __version__ = "0.3.0.dev0"
@@ -29,6 +30,7 @@ __all__ = [
     "Handler",
     "RecoveryReport",
     "Redaction",
+    "RedisCoordination",
     "SourceChange",
     "ToolCallRecord",
     "Usage",
@@ -39,6 +41,10 @@ _LAZY = {"ApprovalRequest", "RecoveryReport", "SourceChange", "ToolCallRecord", 
 
 
 def __getattr__(name: str) -> Any:
+    if name == "RedisCoordination":  # a description only: it never imports redis
+        from ._redis_coordination import RedisCoordination
+
+        return RedisCoordination
     # The report types pull in dataclasses; keep them off the import path until asked for.
     if name in _LAZY:
         from . import _report

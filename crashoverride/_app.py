@@ -14,6 +14,7 @@ _new = object.__new__
 if TYPE_CHECKING:
     from ._limits import Limits
     from ._redact import Redaction
+    from ._redis_coordination import RedisCoordination
     from ._report import RecoveryReport
 
 
@@ -61,6 +62,9 @@ class CrashOverride:
         source_changes: ``"write"`` or ``"patch"``. Write edits the file and keeps a backup;
             patch writes a ``.patch`` file for review instead.
         redaction: Extra redaction rules on top of the defaults. A ``crashoverride.Redaction``.
+        coordination: Who recoveries coordinate with: this process (None) or a fleet. A
+            ``crashoverride.RedisCoordination``: one agent run per failure fleet-wide, and
+            signed fixes shared by every process (README, "Running a fleet").
 
     Raises:
         ConfigurationError: An argument is invalid; the error names it.
@@ -103,6 +107,7 @@ class CrashOverride:
         allow_source_changes: bool = False,
         source_changes: str = "write",
         redaction: Redaction | None = None,
+        coordination: RedisCoordination | None = None,
     ) -> None:
         arguments = dict(locals())  # exactly the parameters: nothing else is bound yet
         del arguments["self"]

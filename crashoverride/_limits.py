@@ -267,3 +267,7 @@ class Limits:
         self.breaker = Breaker(
             settings.breaker_threshold, settings.breaker_window, settings.breaker_cooldown
         )
+        from ._coordination import build
+
+        # Who decides admission and single-flight: this process, or the fleet (through Redis).
+        self.coordination = build(self, settings.coordination)

@@ -24,6 +24,15 @@ CALLBACK_FAILED = "recovery.callback_failed"
 SOURCE_CHANGED = "recovery.source_changed"
 WARM_UP_FAILED = "recovery.warm_up_failed"
 
+# Fleet coordination (RedisCoordination). Degraded: Redis did not answer in time; this process
+# coordinates alone for a while.
+COORDINATION_DEGRADED = "coordination.degraded"
+LEASE_TAKEN = "fleet.lease_taken"
+LEASE_LOST = "fleet.lease_lost"
+FIX_PUBLISHED = "fleet.fix_published"
+FIX_APPLIED = "fleet.fix_applied"
+FIX_REFUSED = "fleet.fix_refused"
+
 FOLLOWUP_SUBMITTED = "followup.submitted"
 FOLLOWUP_STARTED = "followup.started"
 FOLLOWUP_TOOL_CALLED = "followup.tool_called"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import textwrap
 import types
 import weakref
 from typing import Any
@@ -86,6 +87,7 @@ def replace_function(target: Any, new: Any) -> str:
             # The agent may persist the function object it wrote; one defined in a real file
             # keeps its own origin (persisting it must not overwrite the target's definition).
             ORIGINS[replacement] = found
+    replaced = target.__code__
     # Keep the target's name so tracebacks and reprs still say what the function is.
     target.__code__ = replacement.__code__.replace(
         co_name=target.__code__.co_name, co_qualname=target.__code__.co_qualname
@@ -93,7 +95,18 @@ def replace_function(target: Any, new: Any) -> str:
     target.__defaults__ = replacement.__defaults__
     target.__kwdefaults__ = replacement.__kwdefaults__
     target.__doc__ = replacement.__doc__ or target.__doc__
+    from ._fixrecords import note
+
+    note(target, replaced, new if isinstance(new, str) else _source_of(replacement))
     return f"{target.__module__}.{target.__qualname__} now runs the new code for every caller."
+
+
+def _source_of(function: types.FunctionType) -> str | None:
+    # Agent code registers its source (``_namespace``), so functions it defines have one.
+    try:
+        return textwrap.dedent(inspect.getsource(function))
+    except (OSError, TypeError):
+        return None
 
 
 def origin(func: Any) -> tuple[str, int, str] | None:

@@ -42,6 +42,11 @@ _INSIDE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
+def current_recovery() -> str | None:
+    """The recovery whose agent code is running here, if any (see ``_fixrecords.note``)."""
+    return _INSIDE.get()
+
+
 def inside(recovery_id: str, job: Job, *, agent_code: bool = False) -> Job:
     """``job`` marked as part of recovery ``recovery_id`` while it runs (its awaitable too).
 
@@ -92,7 +97,9 @@ async def run(rec: Any, place: Placement) -> Any:
         conclusion = await _steps(rec, place, call)
     if scope.cancelled_caught:
         what = "" if rec.running else "waiting for a concurrent recovery or a free slot"
-        return rec.timed_out(what)
+        conclusion = rec.timed_out(what)
+    if rec.coordinated:  # 8. release: tell the waiters in other processes (bounded)
+        await rec.limits.coordination.land(rec, conclusion)
     return conclusion
 
 
@@ -135,23 +142,22 @@ async def _steps(rec: Any, place: Placement, call: Dispatch) -> Any:
 async def _coordinate(rec: Recovery, call: Dispatch) -> Decision | None:
     """Steps 1-3: admission, single-flight and a slot. A decision means: no agent run here."""
     settings, limits = rec.settings, rec.limits
+    coordination = limits.coordination  # in-process or fleet: the one pluggable piece
     # 1. admit
     within = _INSIDE.get()
     if within is not None:
         return rec.skipped(f"raised by agent code of recovery {within}, which it is part of")
-    admission = limits.breaker.admit(rec.fingerprint)
+    admission = coordination.admit(rec)
     if admission.skip is not None:
         return rec.skipped(admission.skip)
     rec.trial = admission.trial  # handed back by the record unless an agent run reports
     # 2. single-flight: one agent run per fingerprint; the others wait for its whole life
     if settings.single_flight:
-        rec.flight, rec.leading = limits.flights.join(rec.fingerprint)
-        if not rec.leading:
-            assert rec.flight is not None
-            began = time.monotonic()
-            await _bridge.wait_future(rec.flight.done)
-            rec.waited += time.monotonic() - began
-            if not rec.flight.done.result():
+        joined = await coordination.join(rec, call)
+        if joined.skip is not None:
+            return rec.skipped(joined.skip)
+        if not joined.leading:
+            if not joined.recovered:
                 return rec.skipped(_LEADER_LOST)
             replay = rec.block.replay if rec.block is not None else None
             if replay is not None:
@@ -223,6 +229,7 @@ async def recover_async(
         return None
     finally:
         rec.abandon()  # a no-op after a decision; hands on the flight and slot otherwise
+        rec.limits.coordination.abandon(rec)
 
 
 def recover_sync(app: Any, settings: Settings, exc: BaseException, block: Block) -> Decision | None:
@@ -247,6 +254,7 @@ def recover_sync(app: Any, settings: Settings, exc: BaseException, block: Block)
         raise
     finally:
         rec.abandon()
+        rec.limits.coordination.abandon(rec)
         if blocking:
             blocked_ms = round((time.monotonic() - began) * 1000, 3)
             _log.emit("warning", _log.LOOP_BLOCKED, blocked_ms=blocked_ms, **rec.fields())

@@ -113,6 +113,9 @@ class Recovery:
         self.followups: Any = None
         self.running = False  # an agent run started: the breaker learns its result
         self.trial = 0  # a half-open breaker's trial this recovery holds (0: none)
+        # What the coordination says of this recovery (fleet_role, fencing_token, fix_record):
+        # in every event from then on, and in the report.
+        self.fleet: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._decision: Decision | None = None
         self._fields = {
@@ -128,6 +131,11 @@ class Recovery:
 
     def fields(self) -> dict[str, Any]:
         return dict(self._fields)
+
+    def tag(self, **fields: Any) -> None:
+        """Coordination facts about this recovery, for its later events and its report."""
+        self.fleet.update(fields)
+        self._fields.update(fields)
 
     def on_tool(self, record: ToolCallRecord) -> None:
         _log.emit("info", _log.TOOL_CALLED, **record.event_fields(), **self._fields)
@@ -168,6 +176,9 @@ class Recovery:
             waited_ms=round(self.waited * 1000, 3),
             mode=self.settings.mode,
             source_changes=tuple(self.editor.changes) if self.editor is not None else (),
+            fleet_role=self.fleet.get("fleet_role", ""),
+            fencing_token=self.fleet.get("fencing_token", 0),
+            fix_record=self.fleet.get("fix_record", ""),
         )  # fmt: skip
 
     # -- conclusions (each ends the recovery; the first one wins) ---------------------------
@@ -226,6 +237,8 @@ class Recovery:
         repaired = outcome == "recovered" and self.repair_only
         if repaired:
             outcome, event = "repaired", _log.REPAIRED
+        if self._decision is None and outcome in ("recovered", "repaired"):
+            self.tag(**self.limits.coordination.report_fields(self))
         with self._lock:
             if self._decision is not None:
                 return self._decision

@@ -137,6 +137,12 @@ class RecoveryReport:
         via: ``"agent"``, ``"replay"`` (a single-flight waiter re-ran after another recovery
             fixed the code) or ``"none"``.
         diagnosis: The agent's final message, or its give-up reason.
+        fleet_role: With ``RedisCoordination``: ``"leader"`` (ran the agent for the fleet),
+            ``"waiter"`` (waited for another process's recovery), ``"replayed-fix"`` (applied
+            a stored fix record and replayed: no model call) or ``"degraded"`` (Redis did not
+            answer: coordinated in this process alone). Empty in-process.
+        fencing_token: The fleet lease's token of the episode this recovery led or waited for.
+        fix_record: The id of the fix record this recovery published or applied.
     """
 
     recovery_id: str
@@ -158,6 +164,9 @@ class RecoveryReport:
     waited_ms: float = 0.0
     mode: str = "repair"
     source_changes: tuple[SourceChange, ...] = ()
+    fleet_role: str = ""
+    fencing_token: int = 0
+    fix_record: str = ""
 
     @property
     def recovered(self) -> bool:

@@ -204,6 +204,19 @@ def _redaction(name: str, value: object) -> Redaction | None:
     return value
 
 
+def _coordination(name: str, value: object) -> object:
+    # None (this process alone) or a ``RedisCoordination``, validated when it was built.
+    if value is None:
+        return None
+    from ._redis_coordination import RedisCoordination
+
+    if not isinstance(value, RedisCoordination):
+        raise ConfigurationError(
+            name, f"expected None or a RedisCoordination, got {type(value).__name__}"
+        )
+    return value
+
+
 # -- merge rules: how a handler's value combines with the application's ----------------------
 
 
@@ -335,6 +348,8 @@ class Settings:
     allow_source_changes = Field(False, _flag, BOTH, "Let recoveries persist fixes to sources.")
     source_changes = Field("write", _choice(*SOURCE_STYLES), BOTH, '``"write"`` or ``"patch"``.')
     redaction = Field(None, _redaction, APP, "Extra redaction rules on top of the defaults.")
+    coordination = Field(None, _coordination, APP,
+                         "Who recoveries coordinate with: this process (None) or a fleet.")
     # fmt: on
 
     def __setattr__(self, key: str, value: object) -> None:

@@ -1,0 +1,191 @@
+"""Fix records: the code a recovery changed, signed, so other processes can apply it.
+
+A recovery's agent code that calls ``replace_function`` is noted here (``note``), per recovery.
+When that recovery succeeds, the fleet backend turns the notes into one record: the
+fingerprint, each target (module, qualname, digest of the code it replaced, new source), the
+recovery id, the time and who approved the code, signed with HMAC-SHA256 under the fleet key.
+
+A process applies a record only if its signature verifies AND each target's current code has
+the recorded digest (the same deployment); anything else is refused. Digests are computed from
+the code object itself (bytecode, constants, names), not from files or line numbers, so they
+agree between processes of one deployment and differ when the code differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import sys
+import threading
+import time
+import types
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Final
+
+_MAX_PENDING: Final = 256  # recoveries whose notes are kept until they conclude
+_lock = threading.Lock()
+_pending: OrderedDict[str, dict[str, dict[str, str]]] = OrderedDict()
+
+
+class Refused(Exception):
+    """A record that must not be applied here; the message says why."""
+
+
+def digest(code: types.CodeType) -> str:
+    """A digest of what ``code`` does, stable across processes of one deployment."""
+    sha = hashlib.sha256()
+    _feed(sha, code)
+    return sha.hexdigest()[:32]
+
+
+def _feed(sha: Any, code: types.CodeType) -> None:
+    sha.update(code.co_code)
+    shape = (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
+             code.co_argcount, code.co_kwonlyargcount, code.co_flags)  # fmt: skip
+    sha.update(repr(shape).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _feed(sha, const)
+        elif isinstance(const, frozenset):  # iteration order varies with hash randomisation
+            sha.update(repr(sorted(map(repr, const))).encode())
+        else:
+            sha.update(repr(const).encode())
+
+
+def note(target: types.FunctionType, replaced: types.CodeType, source: str | None) -> None:
+    """``replace_function`` swapped ``target``'s code; remember it for the running recovery."""
+    from ._pipeline import current_recovery
+
+    recovery_id = current_recovery()
+    qualname = target.__qualname__
+    if recovery_id is None or source is None or "<locals>" in qualname:
+        return  # not agent code, or a target no other process can name
+    change = {"module": target.__module__, "qualname": qualname, "code_hash": digest(replaced),
+              "new_hash": digest(target.__code__), "source": source}  # fmt: skip
+    with _lock:
+        changes = _pending.setdefault(recovery_id, {})
+        first = changes.get(f"{target.__module__}:{qualname}")
+        if first is not None:  # replaced twice: the original digest is the first one
+            change["code_hash"] = first["code_hash"]
+        changes[f"{target.__module__}:{qualname}"] = change
+        _pending.move_to_end(recovery_id)
+        while len(_pending) > _MAX_PENDING:
+            _pending.popitem(last=False)
+
+
+def take(recovery_id: str) -> list[dict[str, str]]:
+    """The notes of a concluded recovery (and forget them)."""
+    with _lock:
+        return list(_pending.pop(recovery_id, {}).values())
+
+
+def has_changes(recovery_id: str) -> bool:
+    with _lock:
+        return bool(_pending.get(recovery_id))
+
+
+# ------------------------------------------------------------------------- records on the wire
+
+
+def record_id(recovery_id: str) -> str:
+    """The id of the record a recovery publishes (known before it is made: for its report)."""
+    return "fix_" + recovery_id.removeprefix("rec_")
+
+
+def make(
+    *, fingerprint: str, targets: list[dict[str, str]], recovery_id: str, approved_by: str
+) -> dict[str, Any]:
+    return {"id": record_id(recovery_id), "fingerprint": fingerprint,
+            "targets": targets, "recovery_id": recovery_id, "at": time.time(),
+            "approved_by": approved_by}  # fmt: skip
+
+
+def _canonical(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+
+
+def sign(record: dict[str, Any], key: bytes) -> str:
+    """The stored form: the record and its HMAC-SHA256 signature, as JSON."""
+    signature = hmac.new(key, _canonical(record), hashlib.sha256).hexdigest()
+    return json.dumps({"record": record, "sig": signature})
+
+
+def verify(stored: str | bytes, key: bytes) -> dict[str, Any]:
+    """The record inside ``stored``, if its signature verifies; else ``Refused``."""
+    try:
+        envelope = json.loads(stored)
+        record, signature = envelope["record"], envelope["sig"]
+        expected = hmac.new(key, _canonical(record), hashlib.sha256).hexdigest()
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Refused(f"not a fix record ({type(exc).__name__})") from None
+    if not isinstance(signature, str) or not hmac.compare_digest(signature, expected):
+        raise Refused("bad signature (not signed with this fleet's key)")
+    if not isinstance(record, dict) or not isinstance(record.get("targets"), list):
+        raise Refused("malformed record")
+    return record
+
+
+# ------------------------------------------------------------------------------------ applying
+
+
+def _resolve(module: str, qualname: str) -> types.FunctionType:
+    owner: Any = sys.modules.get(module)
+    if owner is None:
+        raise Refused(f"module {module} is not loaded here")
+    for part in qualname.split("."):
+        owner = getattr(owner, part, None)
+    if isinstance(owner, types.MethodType):
+        owner = owner.__func__
+    if not isinstance(owner, types.FunctionType):
+        raise Refused(f"{module}.{qualname} is not a Python function here")
+    return owner
+
+
+def check(record: dict[str, Any]) -> list[tuple[types.FunctionType, dict[str, str]]]:
+    """The targets still to change; ``Refused`` if any runs code of another deployment.
+
+    Empty when every target already runs the fix (applied before, here or by a replay).
+    """
+    todo = []
+    for target in record["targets"]:
+        function = _resolve(str(target["module"]), str(target["qualname"]))
+        current = digest(function.__code__)
+        if current == target.get("new_hash"):
+            continue
+        if current != target.get("code_hash"):
+            raise Refused(
+                f"{target['module']}.{target['qualname']} runs other code here (code hash "
+                f"{current}, the record was made against {target.get('code_hash')})"
+            )
+        todo.append((function, target))
+    return todo
+
+
+def apply(todo: list[tuple[types.FunctionType, dict[str, str]]]) -> list[str]:
+    """Swap in each new source (``replace_function``); the names changed."""
+    from ._patching import replace_function
+
+    changed = []
+    for function, target in todo:
+        replace_function(function, str(target["source"]))
+        changed.append(f"{target['module']}.{target['qualname']}")
+    return changed
+
+
+def approval_text(record: dict[str, Any]) -> str:
+    """What ``approve=`` is shown of a propagated fix: the code that will run."""
+    lines = [f"# fix record {record.get('id')} from recovery {record.get('recovery_id')}"]
+    for target in record["targets"]:
+        lines.append(f"# replace_function({target['module']}.{target['qualname']}):")
+        lines.append(str(target["source"]).rstrip("\n"))
+    return "\n".join(lines) + "\n"
+
+
+def approved_by(records: list[Any], approver: Callable[..., Any] | None) -> str:
+    """Who approved the code of a recovery: the approver named by its code-running tool calls."""
+    if approver is None:
+        return "not required (no approve= configured)"
+    names = {r.approved_by for r in records if r.ok and r.tool == "exec_python"}
+    return ", ".join(sorted(names)) or "unknown"

@@ -1,0 +1,378 @@
+"""Fleet coordination through Redis: single-flight with a lease, breaker, budget, fix records.
+
+Only the in-process leader of a fingerprint talks to Redis (``InProcess.join`` first), so a
+burst of identical failures costs one Redis conversation per process. That leader:
+
+1. reads, in one round trip, the fingerprint's stored fix record and the fleet breaker;
+2. with a stored fix (``apply_fixes`` not ``"never"``) it applies it and replays: no agent;
+3. else it takes the lease (``SET NX PX`` with a fencing token from ``INCR``, in one script):
+   the lease holder runs the agent and renews the lease while it runs; the others subscribe
+   to the outcome channel, THEN read the stored outcome (a notification sent in between is
+   not missed), and wait. When the lease lapses with no outcome (its holder died), a waiter
+   takes it over. Every wait is inside the recovery's one deadline;
+4. the holder's outcome is stored and published (only if its token is still the newest: a
+   leader that lost its lease cannot overwrite a newer one's outcome), with the signed fix
+   record when the recovery changed code.
+
+Any Redis error or an answer slower than ``op_timeout`` ends the fleet part: the recovery goes
+on in-process (``coordination.degraded``), and Redis is left alone for ``retry_after`` seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+from . import _fixrecords, _log
+from ._coordination import LEAD, InProcess, Joined
+from ._fleet_link import Link, Unavailable
+from ._redis_coordination import RedisCoordination
+
+if TYPE_CHECKING:
+    from ._bridge import Dispatch
+    from ._limits import Admission
+    from ._recovery import Decision, Recovery
+
+# KEYS: lease, fence. ARGV: holder, lease ms. -> {1, token} or {0, "token|holder" held}
+_ACQUIRE: Final = """
+local held = redis.call('GET', KEYS[1])
+if held then return {0, held} end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token .. '|' .. ARGV[1], 'PX', ARGV[2])
+return {1, tostring(token)}
+"""
+# KEYS: lease. ARGV: lease value, lease ms.
+_RENEW: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+# KEYS: lease. ARGV: lease value.
+_RELEASE: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+# KEYS: lease, fence, outcome, fix. ARGV: lease value, token, outcome, channel, signed record
+# or '', outcome ms, record ms. Fenced: nothing is written unless the token is the newest.
+_LAND: Final = """
+if tonumber(redis.call('GET', KEYS[2])) ~= tonumber(ARGV[2]) then return 0 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if ARGV[5] ~= '' then redis.call('SET', KEYS[4], ARGV[5], 'PX', ARGV[7]) end
+redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[6])
+redis.call('PUBLISH', ARGV[4], ARGV[3])
+return 1
+"""
+# KEYS: fails, open. ARGV: window ms, threshold, cool-down ms.
+_FAILED: Final = """
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+if n >= tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+  redis.call('DEL', KEYS[1])
+end
+return n
+"""
+_OUTCOME_MS: Final = 60_000  # an outcome only matters to the waiters of its episode
+_MAX_WAKE: Final = 1.0  # a waiter re-checks the lease at least this often (no hot polling)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+class _Lease:
+    __slots__ = ("keys", "renewal", "token", "value")
+
+    def __init__(self, keys: dict[str, str], token: int, value: str, renewal: Any) -> None:
+        self.keys, self.token, self.value, self.renewal = keys, token, value, renewal
+
+
+class Fleet:
+    """The Redis backend of ``Coordination`` for one ``CrashOverride``."""
+
+    def __init__(self, option: RedisCoordination, local: InProcess) -> None:
+        self.option = option
+        self.local = local
+        self.link = Link(option)
+        self._lock = threading.Lock()
+        self._leases: dict[str, _Lease] = {}
+        self._down_until = 0.0
+        self._holder = hashlib.sha256(str(id(self)).encode()).hexdigest()[:8]
+
+    # -- the protocol ------------------------------------------------------------------------
+
+    def admit(self, rec: Recovery) -> Admission:
+        return self.local.admit(rec)
+
+    async def join(self, rec: Recovery, call: Dispatch) -> Joined:
+        joined = await self.local.join(rec, call)
+        if not joined.leading:
+            rec.tag(fleet_role="waiter")
+            return joined  # this process's leader speaks for it (and applied any fix)
+        if time.monotonic() < self._down_until:
+            rec.tag(fleet_role="degraded")
+            return LEAD
+        try:
+            return await self._join(rec, call)
+        except Unavailable as problem:
+            self._degrade(rec, str(problem))
+            return LEAD
+
+    def report_fields(self, rec: Recovery) -> dict[str, Any]:
+        publishes = self.option.key is not None and rec.id in self._leases
+        if publishes and _fixrecords.has_changes(rec.id):
+            return {"fix_record": _fixrecords.record_id(rec.id)}
+        return {}
+
+    async def land(self, rec: Recovery, decision: Decision) -> None:
+        try:
+            await self._land(rec, decision)
+        except Exception as problem:  # the outcome stands: a bug here must not replace it
+            self._degrade(rec, f"publishing the outcome failed: {problem!r}")
+
+    async def _land(self, rec: Recovery, decision: Decision) -> None:
+        with self._lock:
+            lease = self._leases.pop(rec.id, None)
+        changes = _fixrecords.take(rec.id)
+        report = decision.report
+        if lease is None or report is None:
+            return
+        lease.renewal.cancel()
+        succeeded = report.outcome in ("recovered", "repaired")
+        stored = ""
+        if succeeded and changes and self.option.key is not None:
+            record = _fixrecords.make(
+                fingerprint=rec.fingerprint, targets=changes, recovery_id=rec.id,
+                approved_by=_fixrecords.approved_by(list(report.tool_calls), rec.settings.approve),
+            )  # fmt: skip
+            stored = _fixrecords.sign(record, self.option.key)
+        outcome = json.dumps({"token": lease.token, "recovered": succeeded,
+                              "fix": report.fix_record or None})  # fmt: skip
+        keys, option, settings = lease.keys, self.option, rec.settings
+        ran = rec.running
+
+        async def publish(client: Any) -> int:
+            if ran:  # the fleet breaker learns the result of every agent run
+                if succeeded:
+                    await client.delete(keys["fails"], keys["open"])
+                else:
+                    await client.eval(_FAILED, 2, keys["fails"], keys["open"],
+                                      _ms(settings.breaker_window), settings.breaker_threshold,
+                                      _ms(settings.breaker_cooldown))  # fmt: skip
+            landed: int = await client.eval(
+                _LAND, 4, keys["lease"], keys["fence"], keys["outcome"], keys["fix"],
+                lease.value, lease.token, outcome, keys["channel"], stored, _OUTCOME_MS,
+                _ms(option.record_ttl),
+            )  # fmt: skip
+            return landed
+
+        try:
+            landed = await self.link.run(publish, bound=4 * option.op_timeout)
+        except Unavailable as problem:
+            self._degrade(rec, str(problem))
+            return
+        if not landed:
+            _log.emit("warning", _log.LEASE_LOST, token=lease.token, **rec.fields())
+        elif stored:
+            targets = [f"{c['module']}.{c['qualname']}" for c in changes]
+            _log.emit("info", _log.FIX_PUBLISHED, targets=targets, **rec.fields())
+
+    def abandon(self, rec: Recovery) -> None:
+        with self._lock:
+            lease = self._leases.pop(rec.id, None)
+        _fixrecords.take(rec.id)
+        if lease is None:
+            return
+        lease.renewal.cancel()
+        keys, value = lease.keys, lease.value
+        # Hand the lease on now rather than make the waiters sit out its expiry.
+        self.link.fire(lambda client: client.eval(_RELEASE, 1, keys["lease"], value))
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def keys(self, fingerprint: str) -> dict[str, str]:
+        # One hash tag per fingerprint: a Cluster keeps all of its keys in one slot, so every
+        # script touches one node.
+        tag = hashlib.sha256(fingerprint.encode()).hexdigest()[:20]
+        base = f"co:{self.option.namespace}:{{{tag}}}"
+        names = ("lease", "fence", "outcome", "fix", "fails", "open")
+        return {name: f"{base}:{name}" for name in names} | {"channel": f"{base}:done"}
+
+    async def _join(self, rec: Recovery, call: Dispatch) -> Joined:
+        keys, option = self.keys(rec.fingerprint), self.option
+
+        async def first(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            pipe.get(keys["fix"])
+            pipe.pttl(keys["open"])
+            found: list[Any] = await pipe.execute()
+            return found
+
+        stored, open_ms = await self.link.run(first)
+        if open_ms is not None and open_ms > 0:
+            return Joined(False, skip=f"fleet circuit breaker open for this failure "
+                                      f"({open_ms / 1000:.0f}s of cool-down left)")  # fmt: skip
+        rec.tag(fleet_role="replayed-fix")  # unless it leads or waits after all (below)
+        if stored is not None and await self._apply(rec, stored, call):
+            return Joined(False, True)
+        takeover = False
+        while True:
+            acquired, held = await self.link.run(
+                lambda client: client.eval(
+                    _ACQUIRE, 2, keys["lease"], keys["fence"], self._holder, _ms(option.lease)
+                )
+            )
+            if acquired:
+                return await self._lead(rec, keys, int(held), takeover)
+            token = int(bytes(held).split(b"|", 1)[0])
+            rec.tag(fleet_role="waiter", fencing_token=token)
+            began = time.monotonic()
+            outcome = await self.link.run(
+                functools.partial(self._wait, keys=keys, token=token), bound=None
+            )
+            rec.waited += time.monotonic() - began
+            if outcome is None:
+                takeover = True  # the lease lapsed without an outcome: its holder died
+                continue
+            fix = outcome.get("fix")
+            if outcome["recovered"] and fix:
+                stored = await self.link.run(lambda client: client.get(keys["fix"]))
+                if stored is not None:
+                    await self._apply(rec, stored, call)
+            return Joined(False, bool(outcome["recovered"]))
+
+    async def _lead(
+        self, rec: Recovery, keys: dict[str, str], token: int, takeover: bool
+    ) -> Joined:
+        option = self.option
+        value = f"{token}|{self._holder}"
+        over = await self._over_budget(keys, token, value)
+        if over is not None:
+            return Joined(False, skip=over)
+
+        async def renew(client: Any) -> None:
+            import asyncio
+
+            while True:
+                await asyncio.sleep(option.lease / 3)
+                async with asyncio.timeout(option.lease / 3):
+                    if not await client.eval(_RENEW, 1, keys["lease"], value, _ms(option.lease)):
+                        return
+
+        renewal = self.link.submit(renew, None)
+        with self._lock:
+            self._leases[rec.id] = _Lease(keys, token, value, renewal)
+        rec.tag(fleet_role="leader", fencing_token=token)
+        _log.emit("info", _log.LEASE_TAKEN, takeover=takeover, **rec.fields())
+        return LEAD
+
+    async def _over_budget(self, keys: dict[str, str], token: int, value: str) -> str | None:
+        """Count this agent run against the fleet's budget; why it may not run, if over."""
+        budget = self.option.max_agent_runs_per_minute
+        if budget is None:
+            return None
+        bucket = f"co:{self.option.namespace}:budget:{int(time.time() // 60)}"
+
+        async def count(client: Any) -> int:
+            pipe = client.pipeline(transaction=True)
+            pipe.incr(bucket)
+            pipe.expire(bucket, 120)
+            runs, _ = await pipe.execute()
+            return int(runs)
+
+        if await self.link.run(count) <= budget:
+            return None
+        # Hand the lease on at once, with a "not recovered" outcome for this episode's waiters.
+        outcome = json.dumps({"token": token, "recovered": False, "fix": None})
+        await self.link.run(
+            lambda client: client.eval(
+                _LAND, 4, keys["lease"], keys["fence"], keys["outcome"], keys["fix"], value,
+                token, outcome, keys["channel"], "", _OUTCOME_MS, 1,
+            )
+        )  # fmt: skip
+        return (
+            f"fleet budget reached: at most {budget} agent runs per minute across the fleet "
+            "(max_agent_runs_per_minute); no agent ran for this failure"
+        )
+
+    async def _wait(self, client: Any, keys: dict[str, str], token: int) -> dict[str, Any] | None:
+        """On the helper loop: the outcome of episode ``token`` or a later one; None when the
+        lease lapsed without one. Subscribe first, then look: nothing published is missed."""
+        import asyncio
+
+        bound = self.option.op_timeout
+        pubsub = client.pubsub()
+        try:
+            async with asyncio.timeout(bound):
+                await pubsub.subscribe(keys["channel"])
+            while True:
+                async with asyncio.timeout(bound):
+                    raw, left_ms = await _outcome_and_lease(client, keys)
+                outcome = _newer(raw, token)
+                if outcome is not None:
+                    return outcome
+                if left_ms == -2:  # no lease and no outcome: the holder is gone
+                    return None
+                wake = min(_MAX_WAKE, max(left_ms, 0) / 1000 + 0.05)
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wake)
+                if message is not None:
+                    outcome = _newer(message.get("data"), token)
+                    if outcome is not None:
+                        return outcome
+        finally:
+            try:
+                async with asyncio.timeout(bound):
+                    await pubsub.aclose()
+            except Exception:  # a dead connection: nothing left to close cleanly
+                pass
+
+    async def _apply(self, rec: Recovery, stored: bytes, call: Dispatch) -> bool:
+        """Apply a stored fix record here; whether code changed now."""
+        key = self.option.key
+        if key is None or self.option.apply_fixes == "never":
+            return False
+        try:
+            record = _fixrecords.verify(stored, key)
+            todo = _fixrecords.check(record)
+            if not todo:
+                return False  # this process runs the fix already: it did not help here
+            approve = rec.settings.approve
+            if approve is not None:
+                text = _fixrecords.approval_text(record)
+                verdict = await call(lambda: approve(text))
+                if not verdict or isinstance(verdict, str):
+                    raise _fixrecords.Refused(f"denied by approve=: {verdict!r}"[:200])
+            changed = _fixrecords.apply(todo)
+        except _fixrecords.Refused as refusal:
+            _log.emit("warning", _log.FIX_REFUSED, reason=str(refusal), **rec.fields())
+            return False
+        rec.tag(fix_record=str(record.get("id", "")))
+        _log.emit("info", _log.FIX_APPLIED, targets=changed, **rec.fields())
+        return True
+
+    def _degrade(self, rec: Recovery, reason: str) -> None:
+        self._down_until = time.monotonic() + self.option.retry_after
+        rec.tag(fleet_role="degraded")
+        _log.emit("warning", _log.COORDINATION_DEGRADED, reason=rec.redact(reason),
+                  retry_after=self.option.retry_after, **rec.fields())  # fmt: skip
+
+
+async def _outcome_and_lease(client: Any, keys: dict[str, str]) -> list[Any]:
+    pipe = client.pipeline(transaction=False)
+    pipe.get(keys["outcome"])
+    pipe.pttl(keys["lease"])
+    found: list[Any] = await pipe.execute()
+    return found
+
+
+def _newer(raw: Any, token: int) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        outcome = json.loads(raw)
+        return outcome if int(outcome["token"]) >= token else None
+    except (ValueError, KeyError, TypeError):
+        return None

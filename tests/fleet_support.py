@@ -1,0 +1,79 @@
+"""Redis for the fleet tests: the local one (a database of their own), or a private server."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from tests.integrations.celery_support import answers
+
+# Not the Celery tests' database (11): the two may run at once.
+FLEET_DB = 13
+FLEET_KEY = "fleet-test-key-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def private_redis() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A redis-server of the test's own (its URL and process): a test may kill it."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("the fleet tests need `redis-server` on PATH", pytrace=False)
+    port = free_port()
+    with tempfile.TemporaryDirectory() as workdir:
+        proc = subprocess.Popen(
+            [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", workdir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 10
+            while not answers("127.0.0.1", port):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"redis-server did not start on port {port}", pytrace=False)
+                time.sleep(0.02)
+            yield f"redis://127.0.0.1:{port}/0", proc
+        finally:
+            proc.kill()
+            proc.wait(10)
+
+
+@contextmanager
+def fleet_redis() -> Iterator[str]:
+    """A clean fleet database: the local Redis's ``FLEET_DB``, else a private server."""
+    import redis
+
+    if answers("127.0.0.1", 6379):
+        url = f"redis://127.0.0.1:6379/{FLEET_DB}"
+        client = redis.Redis.from_url(url)
+        client.flushdb()
+        try:
+            yield url
+        finally:
+            client.flushdb()
+            client.close()
+        return
+    with private_redis() as (url, _):
+        yield url
+
+
+def close_fleet(*apps: Any) -> None:
+    """Close the Redis clients of these ``CrashOverride`` apps (no unclosed socket at exit)."""
+    for app in apps:
+        state = app._limits_state
+        link = getattr(getattr(state, "coordination", None), "link", None)
+        if link is not None:
+            link.close()

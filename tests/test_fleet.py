@@ -1,0 +1,389 @@
+"""Fleet coordination through a real Redis, within one process.
+
+Each ``CrashOverride`` with its own ``RedisCoordination`` coordinates like a separate process
+would (its own lease holder id, its own client); a "process started later" is an app created
+after the fix, with the function's original code put back. Tests across real processes are in
+tests/integrations/test_fleet_processes.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from structlog.testing import capture_logs
+
+from crashoverride import ConfigurationError, CrashOverride, RedisCoordination
+from crashoverride._coordination import InProcess
+from tests.fleet_support import FLEET_KEY, close_fleet, fleet_redis, free_port
+from tests.helpers import done_step, exec_step, give_up_step, scripted
+from tests.test_import import _run as run_python
+
+PATCH = (
+    "import anyio\n"
+    "await anyio.sleep(0.3)\n"  # long enough for the other app's failures to find the lease
+    "replace_function(transform, 'def transform(value):\\n    return value * 10\\n')\n"
+    "rerun()"
+)
+
+
+def transform(value: int) -> int:
+    raise NotImplementedError("transform")
+
+
+ORIGINAL = transform.__code__
+
+
+@pytest.fixture(autouse=True)
+def _fresh_code() -> Iterator[None]:
+    transform.__code__ = ORIGINAL  # every test starts as a process that was never fixed
+    yield
+    transform.__code__ = ORIGINAL
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    with fleet_redis() as found:
+        yield found
+
+
+def fleet(url: str, **options: Any) -> RedisCoordination:
+    options.setdefault("key", FLEET_KEY)
+    return RedisCoordination(url, namespace="unit", **options)
+
+
+def app(url: str, model: Any, **options: Any) -> CrashOverride:
+    return CrashOverride(model=model, timeout=20, coordination=fleet(url, **options))
+
+
+def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [entry for entry in logs if entry["event"] == name]
+
+
+# ------------------------------------------------------------------------------ configuration
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"url": "http://localhost:6379"}, "url"),
+        ({"url": "redis://"}, "url"),
+        ({"url": 6379}, "url"),
+        ({"url": None}, "url"),
+        ({"namespace": ""}, "namespace"),
+        ({"namespace": "my{app}"}, "namespace"),
+        ({"key": 1234}, "key"),
+        ({"key": "short"}, "key"),
+        ({"key": None}, "key"),
+        ({"apply_fixes": "sometimes"}, "apply_fixes"),
+        ({"lease": 0}, "lease"),
+        ({"max_agent_runs_per_minute": 0}, "max_agent_runs_per_minute"),
+    ],
+)
+def test_bad_options_fail_at_construction_and_name_the_argument(
+    arguments: dict[str, Any], named: str
+) -> None:
+    given: dict[str, Any] = {"url": "redis://localhost:6379/0", "key": FLEET_KEY, **arguments}
+    with pytest.raises(ConfigurationError) as caught:
+        RedisCoordination(given.pop("url"), **given)
+    assert caught.value.argument == named
+
+
+def test_propagation_off_needs_no_key_and_a_url_with_a_password_is_never_echoed() -> None:
+    option = RedisCoordination("redis://:pw@localhost:6379/0", apply_fixes="never")
+    assert option.key is None and "pw" not in repr(option)
+    with pytest.raises(ConfigurationError) as caught:
+        RedisCoordination("http://:secret@localhost", key=FLEET_KEY)
+    assert "secret" not in str(caught.value)
+    with pytest.raises(ConfigurationError) as caught:
+        CrashOverride(coordination="redis://localhost:6379/0")  # type: ignore[arg-type]
+    assert caught.value.argument == "coordination"
+
+
+def test_default_is_in_process() -> None:
+    co = CrashOverride()
+    assert isinstance(co._limits().coordination, InProcess)
+
+
+def test_the_happy_path_imports_no_redis_and_starts_nothing() -> None:
+    port = free_port()  # nothing listens there: any connection attempt would be seen failing
+    code = (
+        "import sys, json, threading\n"
+        "from crashoverride import CrashOverride, RedisCoordination\n"
+        f"fleet = RedisCoordination('redis://127.0.0.1:{port}/0', key='k' * 16)\n"
+        "co = CrashOverride(coordination=fleet)\n"
+        "threads = threading.active_count()\n"
+        "@co.handler()\n"
+        "def f():\n"
+        "    return 1\n"
+        "for _ in range(100):\n"
+        "    f()\n"
+        "    with co.handler():\n"
+        "        pass\n"
+        "print(json.dumps({'redis': 'redis' in sys.modules,\n"
+        "                  'threads': threading.active_count() - threads}))\n"
+    )
+    assert run_python(code) == {"redis": False, "threads": 0}
+
+
+# ------------------------------------------------------------------------- fleet single-flight
+
+
+@pytest.mark.anyio
+async def test_two_processes_one_agent_run_and_every_unit_replays(url: str) -> None:
+    first, second = scripted(exec_step(PATCH), done_step("patched")), scripted()
+    leader, other = app(url, first), app(url, second)
+
+    @leader.handler()
+    async def on_leader(i: int) -> int:
+        return transform(i)
+
+    @other.handler()
+    async def on_other(i: int) -> int:
+        await anyio.sleep(0.05)  # the leader's failure takes the lease first
+        return transform(i)
+
+    results: dict[int, int] = {}
+    reports: list[Any] = []
+
+    async def run(i: int) -> None:
+        results[i] = await (on_leader if i % 2 else on_other)(i)
+
+    with capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            for i in range(10):
+                tg.start_soon(run, i)
+    close_fleet(leader, other)
+    assert results == {i: i * 10 for i in range(10)}
+    assert len(first.calls) == 2 and len(second.calls) == 0  # one agent run, two turns
+    assert len(events(logs, "recovery.started")) == 1
+    reports = [e for e in events(logs, "recovery.succeeded")]
+    roles = sorted({e["fleet_role"] for e in reports})
+    assert roles == ["leader", "waiter"]
+    (taken,) = events(logs, "fleet.lease_taken")
+    assert {e["fencing_token"] for e in reports if "fencing_token" in e} == {taken["fencing_token"]}
+    (published,) = events(logs, "fleet.fix_published")
+    assert published["targets"] == [f"{__name__}.transform"]
+
+
+def test_a_process_started_after_the_fix_handles_the_bug_with_no_model_call(url: str) -> None:
+    first = scripted(exec_step(PATCH), done_step("patched"))
+    leader = app(url, first)
+    seen: list[Any] = []
+
+    @leader.handler()
+    def job(i: int) -> int:
+        return transform(i)
+
+    assert job(2) == 20
+    transform.__code__ = ORIGINAL  # a new process: the code as deployed
+    later_model = scripted()
+    later = CrashOverride(model=later_model, coordination=fleet(url), on_recovery=seen.append)
+
+    @later.handler()
+    def later_job(i: int) -> int:
+        return transform(i)
+
+    with capture_logs() as logs:
+        assert later_job(3) == 30
+    close_fleet(leader, later)
+    assert len(later_model.calls) == 0
+    (report,) = seen
+    assert (report.outcome, report.via, report.fleet_role) == (
+        "recovered",
+        "replay",
+        "replayed-fix",
+    )
+    assert report.fix_record.startswith("fix_")
+    (applied,) = events(logs, "fleet.fix_applied")
+    assert applied["targets"] == [f"{__name__}.transform"]
+
+
+def _stored_fix(url: str) -> tuple[redis.Redis, str, dict[str, Any]]:
+    client = redis.Redis.from_url(url)
+    (name,) = client.keys("co:unit:*:fix")
+    return client, name.decode(), json.loads(client.get(name) or b"")
+
+
+@pytest.mark.parametrize("tamper", ["source", "code_hash", "signature"])
+def test_a_tampered_record_is_refused_and_logged(url: str, tamper: str) -> None:
+    leader = app(url, scripted(exec_step(PATCH), done_step("patched")))
+
+    @leader.handler()
+    def job(i: int) -> int:
+        return transform(i)
+
+    assert job(1) == 10
+    client, name, envelope = _stored_fix(url)
+    target = envelope["record"]["targets"][0]
+    if tamper == "source":  # someone with write access to Redis plants code: the signature fails
+        target["source"] = "def transform(value):\n    return 666\n"
+    elif tamper == "code_hash":  # a record made against other code, re-signed with the key
+        from crashoverride import _fixrecords
+
+        target["code_hash"] = "0" * 32
+        envelope = json.loads(_fixrecords.sign(envelope["record"], FLEET_KEY.encode()))
+    else:
+        envelope["sig"] = "0" * 64
+    client.set(name, json.dumps(envelope))
+    client.close()
+    transform.__code__ = ORIGINAL
+    model = scripted(exec_step(PATCH), done_step("patched"))
+    later = app(url, model)
+
+    @later.handler()
+    def later_job(i: int) -> int:
+        return transform(i)
+
+    with capture_logs() as logs:
+        assert later_job(4) == 40  # by its own agent run, not by the record
+    close_fleet(leader, later)
+    (refused,) = events(logs, "fleet.fix_refused")
+    expected = "other code" if tamper == "code_hash" else "bad signature"
+    assert expected in refused["reason"]
+    assert events(logs, "fleet.fix_applied") == [] and len(model.calls) == 2
+
+
+def test_approve_sees_a_propagated_fix_before_it_runs(url: str) -> None:
+    leader = app(url, scripted(exec_step(PATCH), done_step("patched")))
+
+    @leader.handler()
+    def job(i: int) -> int:
+        return transform(i)
+
+    assert job(1) == 10
+    transform.__code__ = ORIGINAL
+    shown: list[str] = []
+
+    def approve(code: str) -> str:
+        shown.append(code)
+        return "not on a Friday"
+
+    model = scripted(give_up_step("no"))
+    later = CrashOverride(model=model, approve=approve, coordination=fleet(url))
+
+    @later.handler()
+    def later_job(i: int) -> int:
+        return transform(i)
+
+    with capture_logs() as logs, pytest.raises(NotImplementedError):
+        later_job(5)
+    close_fleet(leader, later)
+    assert "return value * 10" in shown[0]
+    assert "not on a Friday" in events(logs, "fleet.fix_refused")[0]["reason"]
+
+
+# --------------------------------------------------------------------- takeover and breakers
+
+
+@pytest.mark.anyio
+async def test_a_lease_whose_holder_died_is_taken_over(url: str) -> None:
+    co = app(url, scripted(exec_step(PATCH), done_step("patched")), lease=0.3)
+    keys = co._limits().coordination.keys  # type: ignore[attr-defined]
+
+    @co.handler()
+    async def job(i: int) -> int:
+        return transform(i)
+
+    # A leader that died mid-recovery: its lease runs out, no outcome is ever published.
+    client = redis.Redis.from_url(url)
+    try:
+        fingerprint_of = await _fingerprint(job)
+        names = keys(fingerprint_of)
+        client.set(names["fence"], 41)
+        client.set(names["lease"], "41|dead", px=300)
+        with capture_logs() as logs:
+            assert await job(6) == 60
+    finally:
+        client.close()
+        close_fleet(co)
+    (taken,) = events(logs, "fleet.lease_taken")
+    assert taken["takeover"] is True and taken["fencing_token"] == 42
+
+
+async def _fingerprint(job: Any) -> str:
+    from crashoverride._recovery import fingerprint
+
+    try:
+        transform(0)
+    except NotImplementedError as exc:
+        return fingerprint(exc)
+    raise AssertionError("unreachable")
+
+
+def test_the_fleet_breaker_skips_recoveries_that_failed_elsewhere(url: str) -> None:
+    first = CrashOverride(model=scripted(give_up_step("cannot")), breaker_threshold=1,
+                          coordination=fleet(url))  # fmt: skip
+    second_model = scripted()
+    second = CrashOverride(model=second_model, breaker_threshold=1, coordination=fleet(url))
+    seen: list[Any] = []
+    for co in (first, second):
+
+        @co.handler()
+        def job(i: int) -> int:
+            return transform(i)
+
+        with capture_logs(), pytest.raises(NotImplementedError) as caught:
+            job(1)
+        seen.append(caught.value)
+    close_fleet(first, second)
+    assert len(second_model.calls) == 0
+    assert "fleet circuit breaker open" in "".join(seen[1].__notes__)
+
+
+def test_the_fleet_budget_skips_with_a_clear_note(url: str) -> None:
+    cost = {"max_agent_runs_per_minute": 1}
+    first = app(url, scripted(exec_step(PATCH), done_step("patched")), **cost)
+    second_model = scripted()
+    second = app(url, second_model, **cost)
+
+    @first.handler()
+    def job(i: int) -> int:
+        return transform(i)
+
+    assert job(1) == 10
+
+    @second.handler()
+    def other(i: int) -> int:
+        raise KeyError(i)  # another failure: the fleet already spent this minute's run
+
+    with capture_logs() as logs, pytest.raises(KeyError) as caught:
+        other(1)
+    close_fleet(first, second)
+    assert len(second_model.calls) == 0
+    assert "fleet budget reached" in "".join(caught.value.__notes__)
+    assert "max_agent_runs_per_minute" in events(logs, "recovery.skipped")[0]["reason"]
+
+
+# -------------------------------------------------------------------------------- degradation
+
+
+@pytest.mark.anyio
+async def test_an_unreachable_redis_degrades_to_in_process(anyio_backend: str) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens: connections are refused
+    model = scripted(exec_step(PATCH), done_step("patched"))
+    co = app(url, model)
+
+    @co.handler()
+    async def job(i: int) -> int:
+        return transform(i)
+
+    results: list[int] = []
+
+    async def run(i: int) -> None:
+        results.append(await job(i))
+
+    with capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            for i in range(5):
+                tg.start_soon(run, i)
+    close_fleet(co)
+    assert sorted(results) == [0, 10, 20, 30, 40]
+    assert len(model.calls) == 2  # in-process single-flight still holds
+    (degraded,) = events(logs, "coordination.degraded")
+    assert "Unavailable" not in degraded["reason"] and degraded["retry_after"] == 5.0
+    assert {e["fleet_role"] for e in events(logs, "recovery.succeeded")} >= {"degraded"}
