@@ -115,6 +115,16 @@ class Fence:
         return DATA_RULE.replace("{id}", self.id)
 
 
+_FENCE_ID = re.compile(r'untrusted-data id="([0-9a-f]+)"')
+
+
+def without_fence_ids(text: str) -> str:
+    """``text`` with this module's random fence ids blanked, for comparing runs (cassettes)."""
+    for found in set(_FENCE_ID.findall(text)):
+        text = text.replace(found, "fence-id")
+    return text
+
+
 def build_instructions(
     system_prompt: str | None,
     project_prompt: str,

@@ -6,7 +6,8 @@ storing, and before comparing, text is made portable and safe:
 - secrets are masked with the core ``Redactor`` (secret-looking environment values plus the API
   keys the recorder saw), so a cassette can be committed;
 - the working directory, home, temp and interpreter paths become placeholders and memory
-  addresses are blanked, so a cassette recorded on one machine matches on another.
+  addresses and the random ids of untrusted-data fences are blanked, so a cassette recorded on
+  one machine matches on another.
 
 Headers are never stored: credentials travel in them.
 """
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from .._prompt import without_fence_ids
 from .._redact import Redactor
 from ._chat import DECISIVE_FIELDS, decisive
 
@@ -70,7 +72,8 @@ def make_scrubber(secrets: Iterable[str] = ()) -> Callable[[Any], Any]:
         value = redact(value)
         for path, name in roots:
             value = value.replace(path, name)
-        return _ADDRESS.sub("0x?", value)
+        # A run's fence id is random (it must be unpredictable); recordings must not be.
+        return without_fence_ids(_ADDRESS.sub("0x?", value))
 
     def scrub(value: Any) -> Any:
         if isinstance(value, str):
