@@ -157,10 +157,19 @@ def _endpoint(verdict: str, detail: str, target: Target, **extra: Any) -> Check:
 
 def _target(base_url: str | None, model: str | None) -> Target | Check:
     """What a recovery would talk to, or the check that says it cannot talk to anything."""
-    key = os.environ.get("OPENAI_API_KEY") or None
-    if not base_url and not key:
-        why = "no OPENAI_API_KEY and no base URL: recoveries would fail at once"
+    from ._agent import missing_credentials
+    from ._errors import ConfigurationError
+    from ._settings import Settings
+
+    try:  # validated as ``CrashOverride(base_url=..., model=...)`` would
+        settings = Settings.for_app(base_url=base_url, model=model)
+    except ConfigurationError as exc:
+        return Check("endpoint", "fail", f"not checked: {exc}", {"verdict": "bad argument"})
+    missing = missing_credentials(settings)  # the pipeline's own admission check
+    if missing is not None:
+        why = f"{missing}: recoveries would fail at once"
         return Check("endpoint", "fail", why, {"verdict": "no credentials"})
+    key = os.environ.get("OPENAI_API_KEY") or None
     try:
         from agents.models.default_models import get_default_model
     except Exception as exc:
@@ -239,10 +248,15 @@ def _celery_check(spec: str | None) -> Check:
 
 
 def verdict(found: list[Check]) -> str:
+    """One line: healthy, or every failed check with what went wrong."""
     failed = [c for c in found if c.status == "fail"]
     if failed:
-        return "NOT healthy: " + "; ".join(f"{c.name}: {c.extra.get('verdict', c.detail)}"
-                                           for c in failed)  # fmt: skip
+        said = [
+            f"{c.name}: {c.extra['verdict']} - {c.detail}" if "verdict" in c.extra
+            else f"{c.name}: {c.detail}"
+            for c in failed
+        ]  # fmt: skip
+        return "NOT healthy: " + "; ".join(said)
     endpoint = next(c for c in found if c.name == "endpoint")
     return f"healthy: a recovery could run now ({endpoint.detail})"
 

@@ -108,7 +108,7 @@ def test_doctor_without_model_access_is_unhealthy() -> None:
     assert result.returncode == 1
     first, *rest = result.stdout.splitlines()
     assert first.startswith("NOT healthy")
-    assert "no OPENAI_API_KEY and no base URL" in result.stdout
+    assert "no API key: set OPENAI_API_KEY or pass api_key= (or base_url=)" in result.stdout
     assert any("caller locals write-through" in line for line in rest)
 
 
