@@ -43,10 +43,21 @@ class Probe:
         # The first task waits for this: the test sets it once it holds the response.
         self.release = threading.Event()
         self.done = threading.Event()
+        self.failures = 0
 
     def record(self, what: str) -> None:
         with self.lock:
             self.ran.append(what)
+
+    def failed(self) -> None:
+        with self.lock:
+            self.failures += 1
+
+    async def wait_for_failures(self, count: int) -> None:
+        """Agent code awaits this so that every request of a burst has failed before the repair."""
+        with anyio.fail_after(20):
+            while self.failures < count:  # noqa: ASYNC110  (counted from other tasks)
+                await anyio.sleep(0.01)
 
 
 PROBE = Probe()
@@ -136,7 +147,12 @@ async def digest(request: Request) -> Response:
     async def lines() -> AsyncIterator[bytes]:
         yield b"digest for\n"
         await anyio.sleep(0.05)
-        yield f"host {mail_host()}\n".encode()  # fails mid-body, after the response started
+        try:
+            host = mail_host()  # fails mid-body, after the response started
+        except KeyError:
+            PROBE.failed()
+            raise
+        yield f"host {host}\n".encode()
 
     return StreamingResponse(lines(), media_type="text/plain")
 

@@ -5,6 +5,7 @@ A real uvicorn server and a real HTTP client; only the model is scripted.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -333,6 +334,33 @@ def test_stream_failure_repaired_for_later_requests_when_opted_in(
     [error] = server_errors(caplog)  # the failed response itself is still a failure
     assert isinstance(error, KeyError)
     assert any(f"{report.recovery_id} repaired" in note for note in error.__notes__)
+
+
+def test_concurrent_stream_failures_share_one_repair(logs: list[dict[str, Any]]) -> None:
+    model = scripted(
+        exec_step(f"await PROBE.wait_for_failures(2)\n{REPAIR}(await replay_request()).status"),
+        done_step("repaired once for both"),
+    )
+    app = background_apps.starlette_app(
+        crash_override=CrashOverride(model=model), repair_after_start=True
+    )
+
+    async def both(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+
+            async def one() -> None:
+                async with client.stream("GET", "/digest") as response:
+                    with pytest.raises(httpx.RemoteProtocolError):
+                        await response.aread()
+
+            await asyncio.gather(one(), one())
+
+    with serve(app) as server:
+        asyncio.run(both(server.url))
+    assert len(named(logs, "recovery.started")) == 1
+    # The waiter learns the code is repaired from the leader; nothing is replayed for it.
+    assert sorted(e["via"] for e in named(logs, "recovery.repaired")) == ["agent", "replay"]
+    assert model.remaining_steps == 0
 
 
 def test_stream_failure_by_default_is_only_logged(logs: list[dict[str, Any]]) -> None:
