@@ -194,6 +194,7 @@ def test_a_request_target_is_data_not_part_of_the_brief() -> None:
         url = served.url + urllib.parse.quote(path)
         with pytest.raises(urllib.error.HTTPError) as answer:
             urllib.request.urlopen(url, timeout=30)
+    answer.value.close()  # the error holds the response (and its socket)
     assert answer.value.code == 500
     call = model.first_call
     assert call is not None
