@@ -126,23 +126,27 @@ def _error(message: str, code: str) -> bytes:
 
 
 @pytest.mark.parametrize(
-    ("body", "kind", "verdict"),
+    ("status", "body", "kind", "verdict"),
     [
-        (b"<html>Not Found</html>", "text/html", "wrong API shape"),  # e.g. /v1 missing
-        (_error("The model `m1` does not exist.", "model_not_found"), "application/json",
+        (404, b"<html>Not Found</html>", "text/html", "wrong API shape"),  # e.g. /v1 missing
+        (404, _error("The model `m1` does not exist.", "model_not_found"), "application/json",
          "model not found"),
+        (200, b"<html>Welcome to the web UI</html>", "text/html", "wrong API shape"),
+        (403, _error("project not allowed", "forbidden"), "application/json", "auth rejected"),
+        (429, _error("quota exceeded", "insufficient_quota"), "application/json", "rate limited"),
     ],
-    ids=["wrong-path", "missing-model"],
+    ids=["404-wrong-path", "404-missing-model", "200-not-json", "403", "429"],
 )  # fmt: skip
-def test_doctor_against_an_endpoint_answering_404_says_which_404(
-    body: bytes, kind: str, verdict: str
+def test_doctor_tells_what_the_endpoint_answered(
+    status: int, body: bytes, kind: str, verdict: str
 ) -> None:
-    with _endpoint(404, body, kind) as server:
+    with _endpoint(status, body, kind) as server:
         report = _doctor("--base-url", server.base_url, "--model", "m1")
     endpoint = _check(report, "endpoint")
     assert (report["healthy"], endpoint["verdict"]) == (False, verdict)
     assert server.paths == ["/v1/chat/completions"]  # one real request, the one a recovery makes
-    assert "HTTP 404" in endpoint["detail"]
+    assert f"HTTP {status}" in endpoint["detail"]
+    assert report["verdict"].startswith(f"NOT healthy: endpoint: {verdict} - ")
 
 
 def test_doctor_against_an_endpoint_answering_401_reports_the_key_rejected() -> None:
