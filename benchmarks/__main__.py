@@ -22,6 +22,7 @@ MODULES = [
     "benchmarks.bench_original",
     "benchmarks.bench_faults",
     "benchmarks.bench_first_recovery",
+    "benchmarks.bench_readonly",
     "benchmarks.bench_credentials",
     "benchmarks.bench_secrets",
 ]

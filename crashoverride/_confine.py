@@ -11,6 +11,8 @@ import os
 import sys
 from typing import Any
 
+from . import _syscalls
+
 # Audit events that reach outside the snapshot (files, network, other processes, raw memory).
 _REFUSED = frozenset({
     "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.chflags",
@@ -30,9 +32,13 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
 def confine(keep: int) -> None:
-    """Make shared memory read-only, drop inherited descriptors but ``keep``, add the hook."""
+    """Make shared memory read-only, drop inherited descriptors but ``keep``, add the hook.
+
+    Then the kernel's filter (``_syscalls``) and the audit hook: both last until ``_exit``.
+    """
     _protect_shared_memory()
     _drop_descriptors(keep)
+    _syscalls.install()
     sys.addaudithook(_refuse)
 
 

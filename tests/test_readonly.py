@@ -13,6 +13,7 @@ import builtins
 import inspect
 import mmap
 import os
+import platform
 import queue
 import socket
 import subprocess
@@ -249,7 +250,7 @@ def test_an_inherited_connection_cannot_be_used_from_the_snapshot(world: World) 
     with socket.create_connection(("127.0.0.1", port)) as conn:
         world.caller["conn"] = conn
         text = attempt(world.workspace(), "conn.sendall(b'GET /pwned HTTP/1.0\\r\\n\\r\\n')")
-        assert "Bad file descriptor" in text
+        assert "Operation not permitted" in text or "Bad file descriptor" in text
         conn.sendall(b"GET /check HTTP/1.0\r\n\r\n")
         assert conn.recv(1024).startswith(b"HTTP/1.0 200")
     assert world.server.paths == ["/check"]
@@ -435,3 +436,21 @@ def test_the_fallback_evaluator_runs_no_code_of_the_application(
     assert attempt(ws, "obj") == f"<tests.test_readonly.{Sneaky.__qualname__} object>"
     assert attempt(ws, "obj is obj") == "True"
     assert ran == []
+
+
+@fork_only
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the seccomp filter is x86-64's")
+def test_the_kernel_refuses_what_no_audit_event_reports(world: World) -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        world.caller["pid"] = sleeper.pid
+        # Neither call raises an audit event: the seccomp filter is what stops them.
+        signal_it = "__import__('signal').pidfd_send_signal(os.pidfd_open(pid), 9)"
+        assert "Operation not permitted" in attempt(world.workspace(), signal_it)
+        assert "Operation not permitted" in attempt(world.workspace(), "os.mkfifo(target)")
+        with pytest.raises(subprocess.TimeoutExpired):
+            sleeper.wait(timeout=0.2)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert unchanged(world) == []
