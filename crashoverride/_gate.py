@@ -98,7 +98,7 @@ class Gate:
         duration = round((time.perf_counter() - started) * 1000, 3)
         # Redacted before clipping: a cut must not split a secret the detector then misses.
         record = ToolCallRecord(
-            call.tool, clip(job.redact(call), 4_000), clip(job.redact(result), 4_000), ok,
+            call.tool, clip(job.redact(str(call)), 4_000), clip(job.redact(result), 4_000), ok,
             duration, by, call.source,
         )  # fmt: skip
         job.state.records.append(record)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,6 +48,12 @@ class ApprovalRequest(str):
         made.tool, made.source, made.is_code = tool, source, is_code
         made.arguments = MappingProxyType(dict(arguments))
         return made
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Copies and pickles keep the attributes (``str`` would rebuild from the text alone).
+        named = {"tool": self.tool, "arguments": dict(self.arguments), "source": self.source,
+                 "is_code": self.is_code}  # fmt: skip
+        return functools.partial(ApprovalRequest, **named), (str(self),)
 
     @classmethod
     def of(

@@ -295,3 +295,20 @@ async def test_mcp_tools_pass_the_gate_denied_ones_never_reach_the_server(
     assert [(t, s, ok) for t, s, ok, _ in _tool_events(logs)] == trail
     # Diagnose mode offers no MCP tools (a server's read-only hint is not a mechanism).
     assert {tool.name for tool in diagnose.calls[0].tools} == {"inspect_python", "give_up"}
+
+
+def test_the_request_copies_and_pickles_and_the_record_holds_plain_text() -> None:
+    import copy
+    import pickle
+
+    call = ApprovalRequest.of("refund", {"order_id": 1}, "application")
+    for again in (copy.copy(call), copy.deepcopy(call), pickle.loads(pickle.dumps(call))):
+        assert (again, again.tool, again.source) == ("refund(order_id=1)", "refund", "application")
+        assert dict(again.arguments) == {"order_id": 1}
+    model = scripted(exec_step("caller['x'] = 1"), done_step())
+    handler = CrashOverride(model=model).handler()
+    x = 0
+    with handler:
+        raise ValueError
+    assert x == 1 and handler.report is not None
+    assert type(handler.report.tool_calls[0].code) is str  # reports serialise (follow-up jobs)
