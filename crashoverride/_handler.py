@@ -161,15 +161,19 @@ class Handler:
             import inspect
 
             flags = _CO_COROUTINE if inspect.iscoroutinefunction(func) else 0
-            if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            if inspect.isgeneratorfunction(func):
                 flags = _CO_GENERATOR
+            elif inspect.isasyncgenfunction(func):
+                flags = _CO_ASYNC_GENERATOR
         if flags & (_CO_GENERATOR | _CO_ASYNC_GENERATOR):
+            asynchronous = bool(flags & _CO_ASYNC_GENERATOR)
+            kind, use = ("an async", "async with") if asynchronous else ("a", "with")
             raise ConfigurationError(
                 "func",
-                f"{getattr(func, '__qualname__', func)!r} is a generator function: its body "
-                "runs while it is iterated, after the decorator has returned, so the decorator "
-                "cannot protect it. Protect the code that iterates it with `with co.handler(...)`"
-                " (or `async with`), or decorate a regular function it calls.",
+                f"{getattr(func, '__qualname__', func)!r} is {kind} generator function: its "
+                "body runs while it is iterated, after the decorator has returned, so the "
+                f"decorator cannot protect it. Protect the code that iterates it with `{use} "
+                "co.handler(...)`, or decorate a regular function it calls.",
             )
         return self._wrap_async(func) if flags & _CO_COROUTINE else self._wrap_sync(func)  # type: ignore[return-value]
 

@@ -135,6 +135,8 @@ def test_generator_functions_are_refused_at_decoration_time() -> None:
     async def stream() -> Any:
         yield 1
 
-    for func in (numbers, stream):
-        with pytest.raises(ConfigurationError, match="generator function"):
+    for func, kind in ((numbers, "is a generator function"), (stream, "is an async generator")):
+        with pytest.raises(ConfigurationError, match=kind) as info:
             co.handler()(func)
+        # Says what to do instead, in the form that fits.
+        assert ("`async with co.handler(...)`" in str(info.value)) is (func is stream)
