@@ -51,9 +51,11 @@ class ApprovalRequest(str):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Copies and pickles keep the attributes (``str`` would rebuild from the text alone).
-        named = {"tool": self.tool, "arguments": dict(self.arguments), "source": self.source,
-                 "is_code": self.is_code}  # fmt: skip
-        return functools.partial(ApprovalRequest, **named), (str(self),)
+        rebuild = functools.partial(
+            ApprovalRequest, tool=self.tool, arguments=dict(self.arguments), source=self.source,
+            is_code=self.is_code,
+        )  # fmt: skip
+        return rebuild, (str(self),)
 
     @classmethod
     def of(
