@@ -22,11 +22,12 @@ returning into the process's own code. The parent waits until the recovery's dea
 ``UNBOUNDED_CAP`` without one) and kills the child then; the text it returns goes through the
 same redaction as every tool result.
 
-Not covered (CPython raises no audit event for them): ``os.mkfifo``/``os.mknod`` create file
-system entries, and ``signal.pidfd_send_signal`` on an ``os.pidfd_open`` descriptor can signal
-another process. Handlers registered with ``os.register_at_fork`` run in the child before the
-hook (they are their libraries' own after-fork code). A lock another thread held at the fork
-stays held in the child: an expression that needs it hangs until the deadline kills the child.
+On x86-64 a seccomp filter (``_syscalls``) also has the kernel refuse those system calls, for
+C code that raises no audit event (``os.mkfifo``, ``signal.pidfd_send_signal``, a C library
+writing a file); elsewhere those stay open. Handlers registered with ``os.register_at_fork``
+run in the child before any of this (they are their libraries' own after-fork code). A lock
+another thread held at the fork stays held in the child: an expression that needs it hangs
+until the deadline kills the child.
 
 Fork is used on Linux only (macOS frameworks are not fork-safe; Windows has no fork); elsewhere,
 or with ``FORK_ENABLED`` off, the whitelisting evaluator of ``_readonly`` runs instead.
