@@ -75,6 +75,30 @@ def test_a_denied_application_tool_does_not_run_and_is_audited() -> None:
     assert _tool_events(logs) == trail  # the same trail, in the same order
 
 
+@pytest.mark.anyio
+async def test_an_async_approver_gates_application_tools_on_the_apps_loop(
+    anyio_backend: str,
+) -> None:
+    import anyio
+
+    probe = Probe()
+    approvals: list[str] = []
+
+    async def reviewer(call: ApprovalRequest) -> bool:
+        await anyio.lowlevel.checkpoint()  # runs on the application's loop (asyncio or trio)
+        approvals.append(call.tool)
+        return call.tool != "refund"
+
+    model = scripted(
+        _call("refund", {"order_id": 4}), exec_step("caller['n'] = 1"), done_step()
+    )  # fmt: skip
+    co = CrashOverride(model=model, tools=[probe.refund], approve=reviewer)
+    n = 0
+    async with co.handler():
+        raise ValueError
+    assert n == 1 and probe.refunded == [] and approvals == ["refund", "exec_python"]
+
+
 def test_an_approved_application_tool_runs_and_its_result_is_audited() -> None:
     probe = Probe()
     model = scripted(
