@@ -119,7 +119,12 @@ def _in_snapshot(work: Any, budget: float) -> tuple[bytes, str]:
         # makes it hang until the deadline kills it, and the process is unaffected. The filter
         # swap is process-wide for the instant of the fork only.
         warnings.filterwarnings("ignore", r"This process .*is multi-threaded", DeprecationWarning)
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # out of processes or memory: nothing was evaluated
+            os.close(read_end)
+            os.close(write_end)
+            raise InspectionFailed(f"could not start a snapshot of the process: {exc}") from None
         if pid == 0:
             _child(write_end, work)
     os.close(write_end)
@@ -189,8 +194,15 @@ def _child(write_end: int, work: Any) -> NoReturn:
         # A collection would walk (and so copy, page by page) the whole inherited heap; the
         # child's garbage is freed at once by ``_exit``.
         gc.disable()
-        confine(keep=write_end)
-        kind, text = work()
+        try:
+            confine(keep=write_end)
+        except Exception as exc:  # never evaluate in a copy that is not cut off
+            kind, text = (
+                _ERROR,
+                f"the snapshot could not be isolated, nothing was evaluated: {exc!r}",
+            )
+        else:
+            kind, text = work()
         reply = kind + text.encode("utf-8", "backslashreplace")
         view = memoryview(reply)
         while view:

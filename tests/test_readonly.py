@@ -454,3 +454,26 @@ def test_the_kernel_refuses_what_no_audit_event_reports(world: World) -> None:
         sleeper.kill()
         sleeper.wait()
     assert unchanged(world) == []
+
+
+@fork_only
+def test_a_snapshot_that_cannot_be_isolated_evaluates_nothing(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(keep: int) -> None:
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(_snapshot, "confine", broken)
+    text = attempt(world.workspace(), "os.remove(victim)")
+    assert "could not be isolated, nothing was evaluated" in text
+    assert unchanged(world) == []
+
+
+def test_no_fork_available_is_a_tool_error(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(_snapshot, "fork_usable", lambda: True)
+    monkeypatch.setattr(os, "fork", no_fork)
+    text = attempt(world.workspace(), "len(items)")
+    assert text.startswith("InspectionFailed: could not start a snapshot of the process")
