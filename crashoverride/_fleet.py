@@ -23,13 +23,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Final
 
 from . import _fixrecords, _log
 from ._coordination import LEAD, InProcess, Joined
-from ._fleet_link import Link, Unavailable
+from ._fleet_link import CONNECT_FACTOR, Link, Unavailable
 from ._redis_coordination import RedisCoordination
 
 if TYPE_CHECKING:
@@ -100,7 +101,11 @@ class Fleet:
         self._lock = threading.Lock()
         self._leases: dict[str, _Lease] = {}
         self._down_until = 0.0
-        self._holder = hashlib.sha256(str(id(self)).encode()).hexdigest()[:8]
+
+    @property
+    def holder(self) -> str:
+        """Who holds a lease, as its value says: this process (pid) and this ``CrashOverride``."""
+        return f"{os.getpid()}-{id(self):x}"
 
     # -- the protocol ------------------------------------------------------------------------
 
@@ -222,7 +227,7 @@ class Fleet:
         while True:
             acquired, held = await self.link.run(
                 lambda client: client.eval(
-                    _ACQUIRE, 2, keys["lease"], keys["fence"], self._holder, _ms(option.lease)
+                    _ACQUIRE, 2, keys["lease"], keys["fence"], self.holder, _ms(option.lease)
                 )
             )
             if acquired:
@@ -248,7 +253,7 @@ class Fleet:
         self, rec: Recovery, keys: dict[str, str], token: int, takeover: bool
     ) -> Joined:
         option = self.option
-        value = f"{token}|{self._holder}"
+        value = f"{token}|{self.holder}"
         over = await self._over_budget(keys, token, value)
         if over is not None:
             return Joined(False, skip=over)
@@ -306,7 +311,7 @@ class Fleet:
         bound = self.option.op_timeout
         pubsub = client.pubsub()
         try:
-            async with asyncio.timeout(bound):
+            async with asyncio.timeout(CONNECT_FACTOR * bound):  # a connection of its own
                 await pubsub.subscribe(keys["channel"])
             while True:
                 async with asyncio.timeout(bound):

@@ -26,6 +26,8 @@ from ._redis_coordination import RedisCoordination
 
 T = TypeVar("T")
 Future = concurrent.futures.Future
+# A new connection (the first of a process, a subscriber's) may take this many op_timeouts.
+CONNECT_FACTOR = 5
 Operation = Callable[[Any], Awaitable[T]]
 
 
@@ -56,15 +58,22 @@ class Link:
         self.option = option
         # [pid, client]: a list so the finalizer can close the client without holding the Link.
         self._client: list[Any] = [0, None]
+        self._connecting: asyncio.Lock | None = None
         weakref.finalize(self, _close_later, self._client)
 
     async def _connected(self) -> Any:
-        # Runs on the helper loop only: no lock needed to build the client once.
-        pid, client = self._client
-        if client is None or pid != os.getpid():
-            factory = self.option.client_factory
-            client = factory() if factory is not None else _from_url(self.option)
-            self._client[:] = [os.getpid(), client]
+        # Runs on the helper loop only, so the lock is made and taken on that loop.
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            pid, client = self._client
+            if client is None or pid != os.getpid():
+                factory = self.option.client_factory
+                client = factory() if factory is not None else _from_url(self.option)
+                # The first connection (TCP, TLS, AUTH) may take longer than one command.
+                async with asyncio.timeout(CONNECT_FACTOR * self.option.op_timeout):
+                    await client.ping()
+                self._client[:] = [os.getpid(), client]
         return client
 
     def close(self) -> None:
@@ -73,7 +82,7 @@ class Link:
 
     def submit(self, operation: Operation[T], bound: float | None) -> Future[T]:
         """Start ``operation(client)`` on the helper loop; ``bound`` (seconds) limits it, but not
-        the connect of a first call, whose one-time ``import redis`` is not a slow Redis."""
+        a first connection (see ``_connected``)."""
 
         async def main() -> T:
             client = await self._connected()

@@ -64,7 +64,8 @@ class RedisCoordination:
         lease: Seconds a leader's lease lasts without renewal: a dead leader is replaced after
             at most this (plus one second).
         op_timeout: Seconds one Redis operation may take before coordination falls back to
-            this process alone (``coordination.degraded``).
+            this process alone (``coordination.degraded``). Opening a connection (a process's
+            first, a waiter's subscription; TLS included) may take five times as long.
         retry_after: Seconds before a degraded process tries Redis again.
         max_agent_runs_per_minute: A fleet-wide ceiling on agent runs (cost control); None:
             no ceiling.

@@ -9,6 +9,7 @@ tests/integrations/test_fleet_processes.py.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from structlog.testing import capture_logs
 
 from crashoverride import ConfigurationError, CrashOverride, RedisCoordination
 from crashoverride._coordination import InProcess
-from tests.fleet_support import FLEET_KEY, close_fleet, fleet_redis, free_port
+from tests.fleet_support import FLEET_KEY, close_fleet, fleet_redis, free_port, private_redis
 from tests.helpers import done_step, exec_step, give_up_step, scripted
 from tests.test_import import _run as run_python
 
@@ -36,6 +37,7 @@ def transform(value: int) -> int:
 
 
 ORIGINAL = transform.__code__
+RELEASE = threading.Event()  # agent code of a test waits for it
 
 
 @pytest.fixture(autouse=True)
@@ -387,3 +389,59 @@ async def test_an_unreachable_redis_degrades_to_in_process(anyio_backend: str) -
     (degraded,) = events(logs, "coordination.degraded")
     assert "Unavailable" not in degraded["reason"] and degraded["retry_after"] == 5.0
     assert {e["fleet_role"] for e in events(logs, "recovery.succeeded")} >= {"degraded"}
+
+
+@pytest.mark.anyio
+async def test_redis_killed_mid_run_degrades_and_nothing_hangs() -> None:
+    RELEASE.clear()
+    slow_patch = (
+        "import anyio\n"
+        "await anyio.to_thread.run_sync(RELEASE.wait, abandon_on_cancel=True)\n"
+        "replace_function(transform, 'def transform(value):\\n    return value * 10\\n')\n"
+        "rerun()"
+    )
+    with private_redis() as (url, server):
+        first_model = scripted(exec_step(slow_patch), done_step("patched"))
+        second_model = scripted(exec_step(PATCH), done_step("patched"))
+        first, second = app(url, first_model), app(url, second_model)
+        holder: dict[str, Any] = {}
+
+        @first.handler()
+        async def on_first(i: int) -> int:
+            return transform(i)
+
+        @second.handler()
+        async def on_second(i: int) -> int:
+            return transform(i)
+
+        async def run(job: Any, i: int) -> None:
+            holder[i] = await job(i)
+
+        with capture_logs() as logs, anyio.fail_after(15):  # nothing hangs
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run, on_first, 1)
+                await _until(lambda: events(logs, "fleet.lease_taken"))
+                tg.start_soon(run, on_second, 2)
+                await _until(lambda: _subscribers(url) == 1)  # the second one waits in Redis
+                server.kill()
+                server.wait(10)
+                await _until(lambda: events(logs, "coordination.degraded"))
+                RELEASE.set()
+    close_fleet(first, second)
+    assert holder == {1: 10, 2: 20}
+    degraded = events(logs, "coordination.degraded")
+    assert len(degraded) == 2  # the waiter (it then ran its own agent) and the leader's outcome
+    assert len(second_model.calls) == 2
+
+
+async def _until(condition: Any) -> None:
+    while not condition():  # noqa: ASYNC110 (polled: conditions change in other threads)
+        await anyio.sleep(0.01)
+
+
+def _subscribers(url: str) -> int:
+    client = redis.Redis.from_url(url)
+    try:
+        return len(client.pubsub_channels("co:unit:*"))
+    finally:
+        client.close()

@@ -1,0 +1,267 @@
+"""A fleet of real processes on a real Redis: uvicorn workers, plain workers, a Celery pool.
+
+The model is ``MockServer`` in a process of its own (see ``fleet_procs``); agent runs are
+counted there, across the whole fleet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from tests.fleet_support import fleet_redis, free_port
+from tests.integrations.fleet_procs import agent_runs
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = [sys.executable, "-m", "tests.integrations.fleet_procs"]
+
+
+class Mock:
+    """The model process: its base URL now, the requests it served once it is closed."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        assert proc.stdout is not None
+        self.url = proc.stdout.readline().strip()
+        self.lines: list[str] = []
+        self.pump = lines_of(proc.stdout, self.lines)
+        self.requests: list[Any] = []
+
+    def wait_served(self, count: int) -> None:
+        deadline = time.monotonic() + 30
+        while f'{{"served": {count}}}\n' not in self.lines:
+            assert time.monotonic() < deadline, f"the model was not asked {count} time(s)"
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            self.proc.wait(30)
+            self.pump.join(10)
+            self.requests = json.loads(self.lines[-1])["requests"]
+        stop(self.proc, self.pump)
+
+
+@contextmanager
+def mock_model(scenario: str) -> Iterator[Mock]:
+    proc = subprocess.Popen([*HERE, "mock", scenario], cwd=ROOT, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    mock = Mock(proc)
+    try:
+        yield mock
+    finally:
+        mock.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def fleet_env(mock: Mock, url: str, **extra: str) -> dict[str, str]:
+    namespace = "proc-" + os.urandom(4).hex()
+    return {**os.environ, "FLEET_MODEL_URL": mock.url, "FLEET_REDIS_URL": url,
+            "FLEET_NS": namespace, "PYTHONPATH": str(ROOT), **extra}  # fmt: skip
+
+
+def stop(proc: subprocess.Popen[Any], *pumps: threading.Thread) -> None:
+    """Stop ``proc``, let its output pumps reach the end, close its pipes."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    for pump in pumps:
+        pump.join(10)
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def lines_of(stream: Any, sink: list[str]) -> threading.Thread:
+    """Collect a process's output lines in the background (pipes must never fill up)."""
+
+    def pump() -> None:
+        for line in stream:
+            sink.append(line)
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return thread
+
+
+# ----------------------------------------------------------------------- uvicorn --workers 4
+
+
+async def _burst(port: int, count: int) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=count, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits,
+                                 timeout=60) as client:  # fmt: skip
+        responses: list[httpx.Response] = []
+
+        async def one() -> None:
+            responses.append(await client.get("/price", params={"item": "apple"}))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(count):
+                tg.start_soon(one)
+    return responses
+
+
+def test_uvicorn_workers_run_one_agent_for_200_identical_failures() -> None:
+    with fleet_redis() as url, mock_model("asgi") as mock:
+        env = fleet_env(mock, url)
+        port = free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--factory",
+             "tests.integrations.fleet_procs:create_app", "--workers", "4", "--host",
+             "127.0.0.1", "--port", str(port), "--log-level", "info", "--no-access-log"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        log: list[str] = []
+        pump = lines_of(server.stderr, log)
+        try:
+            deadline = time.monotonic() + 30
+            while sum("Application startup complete" in line for line in log) < 4:
+                assert server.poll() is None and time.monotonic() < deadline, "".join(log)
+                time.sleep(0.05)
+            responses = anyio.run(_burst, port, 200)
+        finally:
+            stop(server, pump)
+        assert [r.status_code for r in responses] == [200] * 200
+        assert all(r.json() == {"item": "apple", "price": 3} for r in responses)
+        # A process started after the fix: the stored record repairs it, no model call.
+        later = subprocess.run(
+            [sys.executable, "-c",
+             "from starlette.testclient import TestClient\n"
+             "from tests.integrations.fleet_procs import create_app\n"
+             "with TestClient(create_app()) as client:\n"
+             "    print(client.get('/price', params={'item': 'pear'}).json())\n"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert later.returncode == 0, later.stderr
+        assert later.stdout.strip().splitlines()[-1] == "{'item': 'pear', 'price': 5}"
+        mock.close()
+    assert agent_runs(mock.requests) == 1 and len(mock.requests) == 3  # fleet-wide
+
+
+# --------------------------------------------------------------- the leader dies mid-recovery
+
+
+def test_a_killed_leader_is_taken_over_within_the_lease_plus_one_second() -> None:
+    lease = 2.0
+    with fleet_redis() as url, mock_model("kill") as mock:
+        env = fleet_env(mock, url, FLEET_LEASE=str(lease))
+        workers = [
+            subprocess.Popen(
+                [*HERE, "worker", str(i)],
+                cwd=ROOT,
+                env=env,
+                text=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )  # fmt: skip
+            for i in range(1, 4)
+        ]
+        outputs: dict[int, list[str]] = {}
+        pumps: dict[int, threading.Thread] = {}
+        try:
+            for worker in workers:
+                assert worker.stdout is not None and worker.stdin is not None
+                json.loads(worker.stdout.readline())  # ready
+                outputs[worker.pid] = []
+                pumps[worker.pid] = lines_of(worker.stdout, outputs[worker.pid])
+            for worker in workers:
+                assert worker.stdin is not None
+                worker.stdin.write("go\n")
+                worker.stdin.flush()
+            leader = _wait_for_event(outputs, "recovery.started")
+            mock.wait_served(1)  # the leader is asking the model (which never answers it)
+            killed_at = time.time()
+            os.kill(leader, signal.SIGKILL)
+            results = {}
+            for worker in workers:
+                if worker.pid != leader:
+                    worker.wait(40)
+                    results[worker.pid] = _last(outputs[worker.pid], "result")
+        finally:
+            for worker in workers:
+                stop(worker, *[pumps[worker.pid]] if worker.pid in pumps else [])
+        mock.close()
+    events = [json.loads(line) for lines in outputs.values() for line in lines
+              if '"event"' in line]  # fmt: skip
+    (takeover,) = [e for e in events if e["event"] == "fleet.lease_taken" and e["takeover"]]
+    assert takeover["pid"] != leader
+    assert takeover["t"] - killed_at <= lease + 1.0
+    values = sorted(results.values())
+    assert len(values) == 2 and all(isinstance(v, int) and v % 10 == 0 for v in values), results
+    assert agent_runs(mock.requests) == 2  # the dead leader's and the one that took over
+
+
+def _wait_for_event(outputs: dict[int, list[str]], name: str) -> int:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for pid, lines in outputs.items():
+            if any(f'"event": "{name}"' in line for line in list(lines)):
+                return pid
+        time.sleep(0.02)
+    raise AssertionError(f"no process emitted {name}: {outputs}")
+
+
+def _last(lines: list[str], key: str) -> Any:
+    for line in reversed(lines):
+        if line.startswith("{") and f'"{key}"' in line:
+            return json.loads(line)[key]
+    raise AssertionError(f"no {key} in {lines}")
+
+
+# ----------------------------------------------------------------------- Celery prefork pool
+
+
+def test_a_celery_prefork_pool_runs_one_agent_for_40_identical_failures() -> None:
+    with fleet_redis() as url, mock_model("celery") as mock:
+        env = fleet_env(mock, url, FLEET_CELERY="1", FLEET_BROKER_URL=url)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tests.integrations.fleet_procs", "worker",
+             "--pool", "prefork", "--concurrency", "4", "-Q", env["FLEET_NS"], "--loglevel",
+             "WARNING", "--without-gossip", "--without-mingle", "--without-heartbeat"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        log: list[str] = []
+        pump = lines_of(worker.stderr, log)
+        try:
+            results = _celery_results(url, env["FLEET_NS"], 40)
+        finally:
+            stop(worker, pump)
+        mock.close()
+    assert results == [i * 10 for i in range(40)], "".join(log)[-3000:]
+    assert agent_runs(mock.requests) == 1 and len(mock.requests) == 2
+
+
+def _celery_results(url: str, queue: str, count: int) -> list[Any]:
+    from celery import Celery
+
+    client = Celery("fleet-client", broker=url, backend=url)
+    client.conf.update(task_default_queue=queue, broker_connection_retry_on_startup=True)
+    try:
+        sent = [client.send_task("fleet.transform", args=(i,)) for i in range(count)]
+        return [result.get(timeout=60, propagate=False) for result in sent]
+    finally:
+        consumer = getattr(client.backend, "result_consumer", None)
+        if consumer is not None:
+            consumer.stop()
+        client.backend.client.connection_pool.disconnect()
+        client.close()
