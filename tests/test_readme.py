@@ -7,7 +7,8 @@ numbers (tracebacks and ``inspect.getsource`` point into the README). Top-level 
 A block that continues an earlier example (it uses ``co``, ``app``, ``celery_app``...) says so
 with a marker on the line right before it, ``<!-- readme-test: NAME -->``: the setup ``NAME``
 below gives it those names and the real components it needs (a uvicorn server, a Celery app),
-serves its model turns from a ``MockServer``, and checks what the README claims happened. A
+serves its model turns from a ``MockServer``, and checks what the README claims happened (the
+Celery block's worker is started with the README's own ``-Q`` line, on the local Redis). A
 block with no marker must run on its own. ``<!-- readme-test: fragment: why -->`` marks a block
 that cannot run at all; it must still parse, and running it must fail for want of a name (a
 block that runs needs no such excuse). None is needed today.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import gc
 import inspect
 import json
 import re
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,23 +213,39 @@ def _tasks(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch, _: Path) -> Iter
 
 
 @setup("celery")
-def _celery(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch, _: Path) -> Iterator[None]:
+def _celery(ns: dict[str, Any], _: pytest.MonkeyPatch, __: Path) -> Iterator[None]:
     from celery import Celery
-    from crashoverride.integrations.celery import FOLLOWUP_QUEUE
+    from celery.contrib.testing.worker import start_worker
+    from crashoverride.integrations.celery import FOLLOWUP_QUEUE, followup_queue, queue_consumers
 
-    app = Celery("shop", broker="memory://", backend="cache+memory://")
-    app.conf.update(task_always_eager=True, task_eager_propagates=True)
-    co = CrashOverride()
-    ns.update(celery_app=app, co=co)
-    yield
-    assert app.conf.crashoverride is co  # the instance the app's tasks use
-    assert app.conf.crashoverride_followup_queue == FOLLOWUP_QUEUE
-    assert ns["render"].delay(7).get() is None  # the body ran (``...``): nothing to recover
+    from tests.integrations.celery_support import redis_url
+
     text = README.read_text()
-    # The README names the queue ``install()`` uses, wherever it names one.
+    # The README names the queue ``install()`` uses, wherever it names one...
     named = set(re.findall(r"crashoverride\.followups?\b(?!\.)", text)) - {"crashoverride.followup"}
     assert named == {FOLLOWUP_QUEUE}
-    assert f"-Q celery,{FOLLOWUP_QUEUE}" in text
+    # ...and a worker started as the README says consumes it (a real worker, on Redis).
+    command = re.search(r"celery -A shop worker -Q (\S+)", text)
+    assert command, "the README shows how to start a worker"
+    co = CrashOverride()
+    with redis_url() as url:
+        url = url.rsplit("/", 1)[0] + "/13"  # a database of its own: the queues are real names
+        app = Celery("shop", broker=url, backend=url)
+        app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=False)
+        ns.update(celery_app=app, co=co)
+        yield
+        assert app.conf.crashoverride is co  # the instance the app's tasks use
+        assert followup_queue(app) == FOLLOWUP_QUEUE
+        with start_worker(app, pool="solo", perform_ping_check=False, loglevel="WARNING",
+                          queues=command.group(1).split(","), shutdown_timeout=30):  # fmt: skip
+            assert ns["render"].delay(7).get(timeout=30) is None  # the body ran: ``...``
+            assert queue_consumers(app, FOLLOWUP_QUEUE)
+        app.backend.client.connection_pool.disconnect()
+        app.close()
+        # Close the worker's connections now: a socket collected later would fail another test.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
 
 
 @setup("integration")
