@@ -25,6 +25,7 @@ from ._redact import MASK
 
 # A number or a flag under a secret-looking name (``max_tokens``, ``key_count``) is no secret.
 _HARMLESS = (bool, int, float, complex, type(None))
+_HARMLESS_SET = frozenset(_HARMLESS)
 _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
            types.MethodType, types.FrameType, types.CodeType, types.TracebackType)  # fmt: skip
 
@@ -104,37 +105,50 @@ def masking_repr(is_secret: Callable[[str], bool], **limits: int) -> MaskingRepr
 
 # -- collecting the values to mask everywhere ---------------------------------------------------
 
-_MAX_NODES = 5_000  # a frame's locals can reference a whole application: bound the walk
-_MAX_DEPTH = 5
+_MAX_NODES = 1_000  # a frame's locals can reference a whole application: bound the walk
+_MAX_DEPTH = 3
+_MAX_ITEMS = 200  # items looked at per container
 _MAX_SCANNED = 20_000  # longer strings are not scanned for embedded credentials here
+_LEAVES = frozenset({bytes, bytearray})
 
 
 def secret_values(
     roots: Iterable[Mapping[str, Any]], is_secret: Callable[[str], bool]
 ) -> list[str]:
-    """Strings held under secret-looking names at any depth, and credentials inside strings."""
+    """Strings held under secret-looking names at any depth, and credentials inside strings.
+
+    Runs at the start of every recovery: a bounded walk (``_MAX_NODES`` objects, ``_MAX_DEPTH``
+    levels, ``_MAX_ITEMS`` per container) of plain containers, dataclasses, pydantic models and
+    objects' ``__dict__``; crashoverride's own objects are not entered.
+    """
     found: list[str] = []
     seen: set[int] = set()
     pending: list[tuple[object, object, int]] = []
     for root in roots:
         try:
-            pending.extend((name, value, 0) for name, value in list(root.items()))
+            pending.extend((name, value, 1) for name, value in list(root.items()))
         except Exception:  # an exotic mapping must not stop the recovery
             continue
     budget = _MAX_NODES
     while pending and budget > 0:
         name, value, depth = pending.pop()
         budget -= 1
-        if isinstance(value, bytes | bytearray) and len(value) <= _MAX_SCANNED:
-            value = bytes(value).decode("utf-8", "replace")
-        if isinstance(value, str):
+        kind = type(value)
+        if kind is str or kind in _LEAVES:
+            text = value if kind is str else _decoded(value)
+            if text is None:
+                continue
             if isinstance(name, str) and is_secret(name):
-                found.append(value)
-            elif len(value) <= _MAX_SCANNED and _may_hide_a_part(value):
-                found.extend(_secrets.found(value, is_secret))
+                found.append(text)
+            elif len(text) <= _MAX_SCANNED and ("=" in text or ":" in text):
+                # A URL's password or the value of ``key=value`` may later appear on its own.
+                # (Whole tokens need no memory: the detector finds them wherever they are.)
+                found.extend(_secrets.found(text, is_secret))
             continue
-        if depth >= _MAX_DEPTH or isinstance(value, _HARMLESS + _OPAQUE) or id(value) in seen:
+        if kind in _HARMLESS_SET or depth >= _MAX_DEPTH or isinstance(value, _OPAQUE):
             continue
+        if id(value) in seen or str(getattr(kind, "__module__", "")).startswith("crashoverride"):
+            continue  # ours: what it holds that is secret (the api_key) is masked by value
         seen.add(id(value))
         try:
             pending.extend((key, item, depth + 1) for key, item in _children(value, name))
@@ -143,27 +157,31 @@ def secret_values(
     return found
 
 
-def _may_hide_a_part(text: str) -> bool:
-    # Worth remembering apart from its string: a URL's password, the value in ``key=value``.
-    # (Whole tokens need no memory: the detector finds them wherever they appear.)
-    return "=" in text or ":" in text
+def _decoded(value: object) -> str | None:
+    if isinstance(value, bytes | bytearray) and len(value) <= _MAX_SCANNED:
+        return bytes(value).decode("utf-8", "replace")
+    return None
 
 
 def _children(value: object, name: object) -> Iterable[tuple[object, object]]:
-    if isinstance(value, Mapping):
-        return list(islice(value.items(), 500))
+    if isinstance(value, dict | Mapping):
+        return [
+            pair for pair in islice(value.items(), _MAX_ITEMS) if type(pair[1]) not in _HARMLESS_SET
+        ]
     if isinstance(value, list | tuple | set | frozenset):
-        fields = _fields(value)
+        fields = _fields(value) if isinstance(value, tuple) else None
         if fields is not None:
             return [(field, getattr(value, field, None)) for field in fields]
-        # Items of a secret-named collection are secrets too (``tokens = [...]``).
-        return [(name, item) for item in islice(value, 500)]
+        # Items of a secret-named collection are secrets too (``api_keys = [...]``).
+        return [
+            (name, item) for item in islice(value, _MAX_ITEMS) if type(item) not in _HARMLESS_SET
+        ]
     fields = _fields(value)
     if fields is not None:
         return [(field, getattr(value, field, None)) for field in fields]
     attributes = getattr(value, "__dict__", None)
     if isinstance(attributes, dict):
-        return list(islice(attributes.items(), 500))
+        return list(islice(attributes.items(), _MAX_ITEMS))
     return ()
 
 
