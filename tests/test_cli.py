@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from crashoverride.testing import MockServer, done
+from crashoverride.testing import MockServer, done, hang
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -162,6 +162,14 @@ def test_doctor_against_an_endpoint_answering_401_reports_the_key_rejected() -> 
     endpoint = _check(report, "endpoint")
     assert (report["healthy"], endpoint["verdict"]) == (False, "auth rejected")
     assert server.paths == ["/v1/responses"]
+
+
+def test_doctor_against_an_endpoint_that_never_answers_gives_up_at_its_timeout() -> None:
+    with MockServer([hang()]) as server:
+        report = _doctor("--base-url", server.base_url, "--timeout", "1")
+    endpoint = _check(report, "endpoint")
+    assert (report["healthy"], endpoint["verdict"]) == (False, "unreachable")
+    assert endpoint["detail"].startswith("no answer within 1 s")
 
 
 def test_doctor_against_the_mock_server_is_healthy_with_latency_and_model() -> None:
