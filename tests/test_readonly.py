@@ -233,6 +233,23 @@ def test_diagnose_mode_through_the_handler_leaves_the_block_untouched() -> None:
     assert tool_outputs(model)[-1] == "(2, 3, 1)"
 
 
+@pytest.mark.anyio
+async def test_diagnose_mode_in_an_async_block_forks_from_the_event_loop_thread() -> None:
+    model = scripted(
+        [_inspect("(jobs.get_nowait(), items.clear())")],
+        [_inspect("(jobs.qsize(), len(items))")],
+        done_step("Root cause: the key is missing."),
+    )
+    co = CrashOverride(model=model, mode="diagnose")
+    items, jobs = [1, 2], queue.Queue[str]()
+    jobs.put("job-1")
+    with pytest.raises(KeyError):
+        async with co.handler():
+            raise KeyError("sku")
+    assert (items, jobs.qsize()) == ([1, 2], 1)
+    assert tool_outputs(model)[-1] == "(1, 2)"
+
+
 def _inspect(expression: str) -> Any:
     from agents.testing import function_call
 
@@ -477,3 +494,17 @@ def test_no_fork_available_is_a_tool_error(world: World, monkeypatch: pytest.Mon
     monkeypatch.setattr(os, "fork", no_fork)
     text = attempt(world.workspace(), "len(items)")
     assert text.startswith("InspectionFailed: could not start a snapshot of the process")
+
+
+@fork_only
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the seccomp filter is x86-64's")
+def test_the_snapshot_cannot_change_how_the_process_is_scheduled(world: World) -> None:
+    world.caller["parent"] = os.getpid()
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    renice = "os.setpriority(os.PRIO_PROCESS, parent, 19)"
+    assert "Operation not permitted" in attempt(world.workspace(), renice)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
+    # Its own priority is its own business.
+    assert attempt(world.workspace(), "os.setpriority(os.PRIO_PROCESS, 0, 19)") == (
+        "OK (no output, no value)"
+    )
