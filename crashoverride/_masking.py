@@ -109,7 +109,6 @@ _MAX_NODES = 1_000  # a frame's locals can reference a whole application: bound 
 _MAX_DEPTH = 3
 _MAX_ITEMS = 200  # items looked at per container
 _MAX_SCANNED = 20_000  # longer strings are not scanned for embedded credentials here
-_LEAVES = frozenset({bytes, bytearray})
 
 
 def secret_values(
@@ -134,8 +133,8 @@ def secret_values(
         name, value, depth = pending.pop()
         budget -= 1
         kind = type(value)
-        if kind is str or kind in _LEAVES:
-            text = value if kind is str else _decoded(value)
+        if isinstance(value, str | bytes | bytearray):
+            text = value if isinstance(value, str) else _decoded(value)
             if text is None:
                 continue
             if isinstance(name, str) and is_secret(name):
@@ -157,10 +156,8 @@ def secret_values(
     return found
 
 
-def _decoded(value: object) -> str | None:
-    if isinstance(value, bytes | bytearray) and len(value) <= _MAX_SCANNED:
-        return bytes(value).decode("utf-8", "replace")
-    return None
+def _decoded(value: bytes | bytearray) -> str | None:
+    return bytes(value).decode("utf-8", "replace") if len(value) <= _MAX_SCANNED else None
 
 
 def _children(value: object, name: object) -> Iterable[tuple[object, object]]:
