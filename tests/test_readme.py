@@ -318,6 +318,14 @@ async def _until(condition: Callable[[], bool]) -> None:
             await anyio.sleep(0.05)
 
 
+@setup("fleet")
+def _fleet(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch, __: Path) -> Iterator[None]:
+    monkeypatch.setenv("CRASHOVERRIDE_FLEET_KEY", "readme-fleet-key-0123456789")
+    yield
+    fleet = ns["co"]._settings.coordination  # built, validated; nothing connects before a failure
+    assert (fleet.namespace, fleet.apply_fixes) == ("shop-api", "on-failure")
+
+
 @setup("given-co")
 def _given_co(ns: dict[str, Any], _: pytest.MonkeyPatch, __: Path) -> Iterator[None]:
     ns["co"] = CrashOverride()
