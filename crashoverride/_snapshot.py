@@ -148,10 +148,10 @@ def _death(status: int | None) -> str:
         number = os.WTERMSIG(status)
         if number in (signal.SIGSEGV, signal.SIGBUS):
             return (
-                "the expression wrote to memory shared with other processes, which is "
-                "read-only in diagnose mode; its snapshot was stopped"
+                f"the snapshot crashed ({signal.Signals(number).name}): the expression most "
+                "likely wrote to memory shared with other processes, read-only in diagnose mode"
             )
-        return f"the snapshot evaluating the expression died ({signal.Signals(number).name})"
+    # Any other end: it exited early, or closed its pipe and ran on until ``_reap`` killed it.
     return "the snapshot evaluating the expression ended without a result"
 
 
@@ -177,12 +177,14 @@ def _collect(fd: int, budget: float) -> tuple[bytes, bool]:
 
 
 def _reap(pid: int) -> int | None:
-    """Kill the child if it still runs and collect it; its exit status (None if gone)."""
+    """Collect the child, killing it first if it still runs; its exit status (None if gone)."""
     try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        # Still running (out of time, or it closed the pipe and went on). Killed only while
+        # it is known to be ours: a pid that someone else reaped may be reused.
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
         return os.waitpid(pid, 0)[1]
     except ChildProcessError:  # an application's SIGCHLD handler reaped it first
         return None

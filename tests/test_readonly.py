@@ -289,7 +289,7 @@ def test_memory_shared_with_the_process_is_read_only_in_the_snapshot(world: Worl
     shared.write(b"live")
     world.caller["shared"] = shared
     text = attempt(world.workspace(), "(shared.seek(0), shared.write(b'pwnd'))")
-    assert "wrote to memory shared with other processes" in text
+    assert "wrote to memory shared with other processes" in text, text
     assert shared[:4] == b"live"
     assert attempt(world.workspace(), "shared[:4]") == "b'live'"
 
@@ -508,3 +508,11 @@ def test_the_snapshot_cannot_change_how_the_process_is_scheduled(world: World) -
     assert attempt(world.workspace(), "os.setpriority(os.PRIO_PROCESS, 0, 19)") == (
         "OK (no output, no value)"
     )
+
+
+@fork_only
+def test_a_snapshot_that_closes_its_reply_pipe_and_runs_on_is_stopped(world: World) -> None:
+    ws = world.workspace()
+    ws.deadline = None  # the parent must not wait for the budget: the pipe closing ends it
+    text = attempt(ws, "(os.closerange(3, 65536), any(iter(int, 1)))")
+    assert text == "InspectionFailed: the snapshot evaluating the expression ended without a result"
