@@ -29,7 +29,7 @@ def prepare(rec: Recovery) -> AgentJob:
     if caller is None and block.frame is not None:
         caller = CallerLocals(block.frame)
     # Follow-ups the agent asks for are submitted when the recovery concludes.
-    rec.followups = FollowupSession(settings, rec.id)
+    rec.followups = FollowupSession(settings, rec.id, rec.redact)
     rec.editor = SourceEditor(
         allowed=settings.allow_source_changes,
         style=settings.source_changes,

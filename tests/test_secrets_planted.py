@@ -254,3 +254,28 @@ def test_a_failed_replay_logs_no_secret() -> None:
     assert ANTHROPIC[:12] not in json.dumps(logs, default=str)
     notes = [n for o in outcomes if isinstance(o, ValueError) for n in o.__notes__]
     assert notes and ANTHROPIC[:12] not in "".join(notes)
+
+
+def test_a_follow_up_job_carries_no_secret_to_its_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A job may travel through a broker or a subprocess's arguments: masked before it leaves.
+    monkeypatch.setenv("GH_PAT", GH_PAT)
+    jobs: list[dict[str, Any]] = []
+
+    class Queue:
+        def submit_job(self, job: Any) -> str:
+            jobs.append(job.to_payload())
+            return str(job.id)
+
+    model = scripted(
+        exec_step("import os\nspawn_followup('rotate ' + tenant, os.environ['GH_PAT'] + cfg)"),
+        give_up_step("needs a person"),
+    )
+    co = CrashOverride(
+        model=model, followup_runner=Queue(), redaction=Redaction(values=[TENANT_PIN])
+    )
+    tenant, cfg = TENANT_PIN, f"token={GITHUB}"
+    with pytest.raises(KeyError):
+        with co.handler():
+            raise KeyError(tenant + cfg)
+    assert len(jobs) == 1
+    assert leaks(json.dumps(jobs, default=str)) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import _log
@@ -21,9 +22,19 @@ class FollowupSession:
     submitted by ``conclude`` once the report exists, in the recovery's owner context.
     """
 
-    def __init__(self, settings: Settings, recovery_id: str) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        recovery_id: str,
+        redact: Callable[[str], str] | None = None,
+    ) -> None:
+        from .._redact import Redactor
+
         self._settings = settings
         self._recovery_id = recovery_id
+        # Agent code may hand on process state (``spawn_followup(..., context=os.environ[...])``);
+        # a job can travel through a broker or a subprocess's arguments: masked before it leaves.
+        self._redact = redact if redact is not None else Redactor.for_settings(settings)
         self._lock = threading.Lock()
         self._requested: list[tuple[str, str, str]] = []  # (id, objective, context)
 
@@ -37,8 +48,8 @@ class FollowupSession:
             self._requested.append(
                 (
                     job_id,
-                    clip(objective.strip(), OBJECTIVE_LIMIT),
-                    clip(str(context), CONTEXT_LIMIT),
+                    self._redact(clip(objective.strip(), OBJECTIVE_LIMIT)),
+                    self._redact(clip(str(context), CONTEXT_LIMIT)),
                 )
             )
         return (
