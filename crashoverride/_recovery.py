@@ -73,8 +73,12 @@ def fingerprint(exc: BaseException) -> str:
 
 
 def add_note(exc: BaseException, note: str) -> None:
+    from ._redact import MASK
+    from ._secrets import mask
+
     try:
-        exc.add_note(note)
+        # Notes are scanned like events: an internal error's repr may quote a secret.
+        exc.add_note(mask(note, MASK))
     except Exception:  # pragma: no cover - an exception type that refuses notes
         pass
 
