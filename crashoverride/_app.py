@@ -192,9 +192,13 @@ class CrashOverride:
         return limits
 
     def warm_up(self) -> None:
-        """Import the Agents SDK now (2-3 s) instead of at the first failure."""
+        """Import the Agents SDK now (2-3 s) instead of at the first failure.
+
+        With ``RedisCoordination(apply_fixes="eager")``, also start applying the fleet's fixes.
+        """
         from ._agent import import_sdk
 
+        self._limits().coordination.start()
         import_sdk()
 
     async def awarm_up(self) -> None:
@@ -202,4 +206,5 @@ class CrashOverride:
         from ._agent import import_sdk
         from ._bridge import in_daemon_thread
 
+        self._limits().coordination.start()
         await in_daemon_thread(import_sdk)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._bridge import Dispatch
     from ._limits import Admission, Limits
     from ._recovery import Decision, Recovery
+    from ._settings import Settings
 
 
 class Joined(NamedTuple):
@@ -39,6 +40,9 @@ LEAD = Joined(True)
 
 class Coordination(Protocol):
     """What the pipeline asks of a coordination backend, in this order, once per recovery."""
+
+    def start(self) -> None:
+        """Background work the backend does from warm-up on (eager fixes). Never blocks."""
 
     def admit(self, rec: Recovery) -> Admission:
         """The breaker: may this failure be recovered here? (Never waits.)"""
@@ -62,6 +66,9 @@ class InProcess:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
 
+    def start(self) -> None:
+        return None
+
     def admit(self, rec: Recovery) -> Admission:
         return self.limits.breaker.admit(rec.fingerprint)
 
@@ -84,11 +91,11 @@ class InProcess:
         return None
 
 
-def build(limits: Limits, option: Any) -> Coordination:
-    """The backend for one ``CrashOverride``: ``option`` is its ``coordination=`` setting."""
+def build(limits: Limits, settings: Settings) -> Coordination:
+    """The backend for one ``CrashOverride``: its ``coordination=`` setting says which."""
     local = InProcess(limits)
-    if option is None:
+    if settings.coordination is None:
         return local
     from ._fleet import Fleet
 
-    return Fleet(option, local)
+    return Fleet(settings.coordination, local, settings)

@@ -174,6 +174,27 @@ def apply(todo: list[tuple[types.FunctionType, dict[str, str]]]) -> list[str]:
     return changed
 
 
+async def receive(
+    stored: str | bytes, key: bytes, approve: Callable[..., Any] | None, call: Any
+) -> tuple[dict[str, Any], list[str]]:
+    """Verify, check, approve and apply a stored record: (the record, the names changed).
+
+    Nothing changed when this process runs the fix already. ``approve`` (``approve=``) sees the
+    code first, through ``call`` (the owner's context, or the helper loop). ``Refused`` when any
+    rule says no.
+    """
+    record = verify(stored, key)
+    todo = check(record)
+    if not todo:
+        return record, []
+    if approve is not None:
+        text = approval_text(record)
+        verdict = await call(lambda: approve(text))
+        if not verdict or isinstance(verdict, str):
+            raise Refused(f"denied by approve=: {verdict!r}"[:200])
+    return record, apply(todo)
+
+
 def approval_text(record: dict[str, Any]) -> str:
     """What ``approve=`` is shown of a propagated fix: the code that will run."""
     lines = [f"# fix record {record.get('id')} from recovery {record.get('recovery_id')}"]

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from . import _fixrecords, _log
 from ._coordination import LEAD, InProcess, Joined
+from ._fleet_eager import Eager, announce
 from ._fleet_link import CONNECT_FACTOR, Link, Unavailable
 from ._redis_coordination import RedisCoordination
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from ._bridge import Dispatch
     from ._limits import Admission
     from ._recovery import Decision, Recovery
+    from ._settings import Settings
 
 # KEYS: lease, fence. ARGV: holder, lease ms. -> {1, token} or {0, "token|holder" held}
 _ACQUIRE: Final = """
@@ -94,13 +96,17 @@ class _Lease:
 class Fleet:
     """The Redis backend of ``Coordination`` for one ``CrashOverride``."""
 
-    def __init__(self, option: RedisCoordination, local: InProcess) -> None:
+    def __init__(self, option: RedisCoordination, local: InProcess, settings: Settings) -> None:
         self.option = option
         self.local = local
         self.link = Link(option)
+        self.eager = Eager(self.link, settings.approve)
         self._lock = threading.Lock()
         self._leases: dict[str, _Lease] = {}
         self._down_until = 0.0
+
+    def start(self) -> None:
+        self.eager.start()
 
     @property
     def holder(self) -> str:
@@ -113,6 +119,7 @@ class Fleet:
         return self.local.admit(rec)
 
     async def join(self, rec: Recovery, call: Dispatch) -> Joined:
+        self.start()  # eager: listen from this process's first failure on
         joined = await self.local.join(rec, call)
         if not joined.leading:
             rec.tag(fleet_role="waiter")
@@ -172,6 +179,8 @@ class Fleet:
                 lease.value, lease.token, outcome, keys["channel"], stored, _OUTCOME_MS,
                 _ms(option.record_ttl),
             )  # fmt: skip
+            if landed and stored:
+                await announce(client, option, keys["fix"])  # for eager and late processes
             return landed
 
         try:
@@ -340,20 +349,12 @@ class Fleet:
         if key is None or self.option.apply_fixes == "never":
             return False
         try:
-            record = _fixrecords.verify(stored, key)
-            todo = _fixrecords.check(record)
-            if not todo:
-                return False  # this process runs the fix already: it did not help here
-            approve = rec.settings.approve
-            if approve is not None:
-                text = _fixrecords.approval_text(record)
-                verdict = await call(lambda: approve(text))
-                if not verdict or isinstance(verdict, str):
-                    raise _fixrecords.Refused(f"denied by approve=: {verdict!r}"[:200])
-            changed = _fixrecords.apply(todo)
+            record, changed = await _fixrecords.receive(stored, key, rec.settings.approve, call)
         except _fixrecords.Refused as refusal:
             _log.emit("warning", _log.FIX_REFUSED, reason=str(refusal), **rec.fields())
             return False
+        if not changed:
+            return False  # this process runs the fix already: it did not help here
         rec.tag(fix_record=str(record.get("id", "")))
         _log.emit("info", _log.FIX_APPLIED, targets=changed, **rec.fields())
         return True

@@ -59,6 +59,7 @@ class Link:
         # [pid, client]: a list so the finalizer can close the client without holding the Link.
         self._client: list[Any] = [0, None]
         self._connecting: asyncio.Lock | None = None
+        self._background: list[Future[Any]] = []
         weakref.finalize(self, _close_later, self._client)
 
     async def _connected(self) -> Any:
@@ -77,8 +78,18 @@ class Link:
         return client
 
     def close(self) -> None:
-        """Close the client (tests, shutdown); a later failure opens a new one."""
+        """Stop background work and close the client (tests, shutdown); a later failure opens
+        a new one."""
+        for future in self._background:
+            future.cancel()
+        self._background.clear()
         _close_later(self._client, wait=1.0)
+
+    def background(self, operation: Operation[Any]) -> None:
+        """Run ``operation`` on the helper loop until ``close`` (a subscriber)."""
+        future = self.submit(operation, None)
+        future.add_done_callback(_retrieved)
+        self._background.append(future)
 
     def submit(self, operation: Operation[T], bound: float | None) -> Future[T]:
         """Start ``operation(client)`` on the helper loop; ``bound`` (seconds) limits it, but not

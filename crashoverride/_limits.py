@@ -270,4 +270,4 @@ class Limits:
         from ._coordination import build
 
         # Who decides admission and single-flight: this process, or the fleet (through Redis).
-        self.coordination = build(self, settings.coordination)
+        self.coordination = build(self, settings)

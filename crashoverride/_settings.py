@@ -17,6 +17,7 @@ from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
     from ._redact import Redaction
+    from ._redis_coordination import RedisCoordination
 
 _T = TypeVar("_T")
 
@@ -204,7 +205,7 @@ def _redaction(name: str, value: object) -> Redaction | None:
     return value
 
 
-def _coordination(name: str, value: object) -> object:
+def _coordination(name: str, value: object) -> RedisCoordination | None:
     # None (this process alone) or a ``RedisCoordination``, validated when it was built.
     if value is None:
         return None

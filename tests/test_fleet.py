@@ -62,6 +62,20 @@ def app(url: str, model: Any, **options: Any) -> CrashOverride:
     return CrashOverride(model=model, timeout=20, coordination=fleet(url, **options))
 
 
+def fixed_elsewhere(url: str) -> CrashOverride:
+    """An app that recovered once (and published its fix); the code is then put back as a
+    process started later has it. Close the returned app at the end."""
+    leader = app(url, scripted(exec_step(PATCH), done_step("patched")))
+
+    @leader.handler()
+    def job(i: int) -> int:
+        return transform(i)
+
+    assert job(1) == 10
+    transform.__code__ = ORIGINAL
+    return leader
+
+
 def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [entry for entry in logs if entry["event"] == name]
 
@@ -213,13 +227,7 @@ def _stored_fix(url: str) -> tuple[redis.Redis, str, dict[str, Any]]:
 
 @pytest.mark.parametrize("tamper", ["source", "code_hash", "signature"])
 def test_a_tampered_record_is_refused_and_logged(url: str, tamper: str) -> None:
-    leader = app(url, scripted(exec_step(PATCH), done_step("patched")))
-
-    @leader.handler()
-    def job(i: int) -> int:
-        return transform(i)
-
-    assert job(1) == 10
+    leader = fixed_elsewhere(url)
     client, name, envelope = _stored_fix(url)
     target = envelope["record"]["targets"][0]
     if tamper == "source":  # someone with write access to Redis plants code: the signature fails
@@ -233,7 +241,6 @@ def test_a_tampered_record_is_refused_and_logged(url: str, tamper: str) -> None:
         envelope["sig"] = "0" * 64
     client.set(name, json.dumps(envelope))
     client.close()
-    transform.__code__ = ORIGINAL
     model = scripted(exec_step(PATCH), done_step("patched"))
     later = app(url, model)
 
@@ -251,14 +258,7 @@ def test_a_tampered_record_is_refused_and_logged(url: str, tamper: str) -> None:
 
 
 def test_approve_sees_a_propagated_fix_before_it_runs(url: str) -> None:
-    leader = app(url, scripted(exec_step(PATCH), done_step("patched")))
-
-    @leader.handler()
-    def job(i: int) -> int:
-        return transform(i)
-
-    assert job(1) == 10
-    transform.__code__ = ORIGINAL
+    leader = fixed_elsewhere(url)
     shown: list[str] = []
 
     def approve(code: str) -> str:
@@ -445,3 +445,66 @@ def _subscribers(url: str) -> int:
         return len(client.pubsub_channels("co:unit:*"))
     finally:
         client.close()
+
+
+# ------------------------------------------------------------------------------ eager fixes
+
+
+def _publish_by_hand(url: str, source: str) -> str:
+    """A record as a leader elsewhere would publish it, made against this deployment's code."""
+    import asyncio
+
+    from crashoverride import _fixrecords
+    from crashoverride._fleet_eager import announce
+
+    new: dict[str, Any] = {}
+    exec(compile(source, "<elsewhere>", "exec"), globals(), new)
+    target = {"module": __name__, "qualname": "transform", "source": source,
+              "code_hash": _fixrecords.digest(ORIGINAL),
+              "new_hash": _fixrecords.digest(new["transform"].__code__)}  # fmt: skip
+    record = _fixrecords.make(fingerprint="elsewhere", targets=[target],
+                              recovery_id="rec_elsewhere01", approved_by="a test")  # fmt: skip
+    option = fleet(url)
+    fix_key = "co:unit:{elsewhere}:fix"
+
+    async def store() -> None:
+        import redis.asyncio
+
+        client = redis.asyncio.Redis.from_url(url)
+        await client.set(fix_key, _fixrecords.sign(record, FLEET_KEY.encode()))
+        await announce(client, option, fix_key)
+        await client.aclose()
+
+    asyncio.run(store())
+    return str(record["id"])
+
+
+@pytest.mark.anyio
+async def test_eager_processes_apply_published_fixes_without_failing(url: str) -> None:
+    eager = app(url, scripted(), apply_fixes="eager")
+    with capture_logs() as logs:
+        await eager.awarm_up()  # listens from now on
+        await _until(lambda: _subscribers(url) == 1)
+        source = "def transform(value):\n    return value * 7\n"
+        record_id = await anyio.to_thread.run_sync(_publish_by_hand, url, source)
+        with anyio.fail_after(10):
+            await _until(lambda: events(logs, "fleet.fix_applied"))
+    close_fleet(eager)
+    assert transform(3) == 21  # never failed here: the fix arrived
+    (applied,) = events(logs, "fleet.fix_applied")
+    assert (applied["fix_record"], applied["fleet_role"]) == (record_id, "eager")
+
+
+def test_an_eager_process_started_later_catches_up(url: str) -> None:
+    leader = fixed_elsewhere(url)
+    late = app(url, scripted(), apply_fixes="eager")
+    with capture_logs() as logs:
+        late.warm_up()
+        anyio.run(_until_applied, logs)
+    close_fleet(leader, late)
+    assert transform(4) == 40
+
+
+async def _until_applied(logs: list[dict[str, Any]]) -> None:
+    with anyio.fail_after(10):
+        await _until(lambda: events(logs, "fleet.fix_applied"))

@@ -1,0 +1,95 @@
+"""``apply_fixes="eager"``: apply fix records as they are published, and catch up at start.
+
+Every published record is also announced: its key goes into a namespace-wide index (a sorted
+set by time, trimmed to ``record_ttl``) and onto a namespace-wide channel. An eager process
+subscribes to that channel, THEN reads the index (nothing published in between is missed), and
+applies each record by the same rules as on failure: signature, code digests, ``approve=``.
+
+It runs on the fleet's helper loop, from the first failure or ``warm_up()`` of a process on; a
+forked child starts its own. Redis going away only pauses it (``retry_after``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from . import _fixrecords, _log
+from ._bridge import run_job
+from ._fleet_link import Link
+from ._redis_coordination import RedisCoordination
+
+_MAX_INDEXED: Final = 1_000  # records a late process catches up on, newest kept
+
+
+def index_key(namespace: str) -> str:
+    return f"co:{namespace}:fixes"
+
+
+async def announce(client: Any, option: RedisCoordination, fix_key: str) -> None:
+    """After a record is stored: index it (bounded by age and count) and announce it."""
+    index, now = index_key(option.namespace), time.time()
+    pipe = client.pipeline(transaction=False)
+    pipe.zadd(index, {fix_key: now})
+    pipe.zremrangebyscore(index, "-inf", now - option.record_ttl)
+    pipe.zremrangebyrank(index, 0, -_MAX_INDEXED - 1)
+    pipe.expire(index, round(option.record_ttl))
+    pipe.publish(index, fix_key)
+    await pipe.execute()
+
+
+class Eager:
+    """The eager subscriber of one ``CrashOverride`` (one per process)."""
+
+    def __init__(self, link: Link, approve: Callable[..., Any] | None) -> None:
+        self.link = link
+        self.option = link.option
+        self.approve = approve
+        self._pid = 0
+
+    def start(self) -> None:
+        """Start listening in this process, once (cheap to call on every failure)."""
+        if self.option.apply_fixes != "eager" or self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        self.link.background(self._listen)
+
+    async def _listen(self, client: Any) -> None:
+        index = index_key(self.option.namespace)
+        while True:
+            pubsub = client.pubsub()
+            try:
+                await pubsub.subscribe(index)
+                for name in await client.zrange(index, 0, -1):
+                    await self._take(await client.get(name))
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=30)
+                    if message is not None:
+                        await self._take(await client.get(message["data"]))
+            except Exception as problem:  # Redis went away: pause, then subscribe again
+                _log.emit("warning", _log.COORDINATION_DEGRADED, fleet_role="eager",
+                          reason=f"{type(problem).__name__}: {problem}"[:300],
+                          retry_after=self.option.retry_after)  # fmt: skip
+            finally:
+                try:
+                    async with asyncio.timeout(self.option.op_timeout):
+                        await pubsub.aclose()
+                except Exception:  # a dead connection: nothing left to close cleanly
+                    pass
+            await asyncio.sleep(self.option.retry_after)
+
+    async def _take(self, stored: bytes | None) -> None:
+        key = self.option.key
+        if stored is None or key is None:
+            return
+        try:
+            record, changed = await _fixrecords.receive(stored, key, self.approve, run_job)
+        except _fixrecords.Refused as refusal:
+            _log.emit("warning", _log.FIX_REFUSED, reason=str(refusal), fleet_role="eager")
+            return
+        if changed:
+            _log.emit("info", _log.FIX_APPLIED, targets=changed, fleet_role="eager",
+                      fix_record=str(record.get("id", "")))  # fmt: skip
