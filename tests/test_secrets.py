@@ -245,3 +245,23 @@ def test_every_event_field_is_scanned() -> None:
     with capture_logs() as logs:
         _log.emit("error", _log.BACKGROUND_FAILED, error=f"ValueError('bad key {STRIPE}')", n=1)
     assert STRIPE not in str(logs) and MASK in logs[0]["error"] and logs[0]["n"] == 1
+
+
+def test_request_query_form_and_json_fields_are_masked() -> None:
+    from crashoverride.integration import mask_fields, mask_query
+
+    query, values = mask_query("page=2&access_token=q9Lm2Rt5&api%5Fkey=a%2Bb&flag")
+    assert query == f"page=2&access_token={MASK}&api%5Fkey={MASK}&flag"
+    assert set(values) == {"q9Lm2Rt5", "a%2Bb", "a+b"}
+    data = {"user": "ada", "login": {"refresh_token": "rt-1", "expires_in": 3600}, "items": [1]}
+    assert mask_fields(data) == {
+        "user": "ada",
+        "login": {"refresh_token": MASK, "expires_in": 3600},
+        "items": [1],
+    }
+
+
+def test_the_environment_object_itself_is_rendered_masked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVICE_PASSWORD", "opaque-environ-pw")
+    assert "opaque-environ-pw" not in render_value(os.environ)
+    assert "opaque-environ-pw" not in summarize_locals({"env": os.environ}, limit=100_000)
