@@ -53,7 +53,8 @@ def _protect_shared_memory() -> None:
     for span, perms in spans:
         if perms[1:2] == "w" and perms[3:4] == "s":
             start, end = (int(edge, 16) for edge in span.split("-"))
-            libc.mprotect(start, end - start, prot_read)
+            if libc.mprotect(start, end - start, prot_read) != 0:
+                raise OSError(ctypes.get_errno(), f"cannot make shared memory read-only: {span}")
 
 
 def _drop_descriptors(keep: int) -> None:
@@ -74,7 +75,6 @@ def _drop_descriptors(keep: int) -> None:
 def _refuse(
     event: str,
     args: tuple[Any, ...],
-    *,
     _refused: frozenset[str] = _REFUSED,
     _prefixes: tuple[str, ...] = _REFUSED_PREFIXES,
     _write_mode: tuple[str, ...] = _WRITE_MODE,
@@ -89,8 +89,9 @@ def _refuse(
     _error: type[Exception] = PermissionError,
 ) -> None:
     # Everything this hook uses is bound here, at definition: an expression may rebind
-    # module globals or builtins in the child, but not this function's defaults (setting
-    # them raises an audit event this hook refuses) nor the methods of built-in types.
+    # module globals or builtins in the child, but not these defaults (a tuple, which cannot
+    # be changed in place, and replacing it raises an audit event this hook refuses; keyword-
+    # only defaults would live in a mutable dict) nor the methods of built-in types.
     if _type(event) is not _str:
         return
     refused = event in _refused or _starts(event, _prefixes)

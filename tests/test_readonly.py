@@ -516,3 +516,14 @@ def test_a_snapshot_that_closes_its_reply_pipe_and_runs_on_is_stopped(world: Wor
     ws.deadline = None  # the parent must not wait for the budget: the pipe closing ends it
     text = attempt(ws, "(os.closerange(3, 65536), any(iter(int, 1)))")
     assert text == "InspectionFailed: the snapshot evaluating the expression ended without a result"
+
+
+@fork_only
+def test_the_audit_hook_defaults_cannot_be_mutated_in_place(world: World) -> None:
+    hook = "sys.modules['crashoverride._confine']._refuse"
+    for mutate in (
+        f"{hook}.__kwdefaults__.update(_refused=frozenset(), _prefixes=())",
+        f"{hook}.__defaults__.__init__((frozenset(), ()))",
+    ):
+        attempt(world.workspace(), f"({mutate}, os.remove(victim))")
+        assert unchanged(world) == [], mutate
