@@ -89,7 +89,9 @@ def _pattern() -> re.Pattern[str]:
                 r"(?P<scheme>\b(?:[Bb]earer|[Tt]oken|[Bb]asic)\s+)(?P<credential>[A-Za-z0-9._~+/-]{8,}=*)",
                 # ``name=value``, ``name: value``, ``"name": "value"`` with a secret-looking name.
                 rf"(?P<assign>(?<![A-Za-z0-9_.-])(?P<qk>['\"]?)(?P<key>{_KEY_NAME})(?P=qk)\s{{0,3}}(?::|=>?)\s{{0,3}})"
-                r"(?:(?P<q>['\"])(?P<quoted>[^'\"\s]{1,500})(?P=q)"
+                # The value is looked ahead at, not consumed: when the name is ordinary the scan
+                # goes on inside the value (``cfg = "token=ghp_..."``) in linear time.
+                r"(?=(?P<q>['\"])(?P<quoted>[^'\"\s]{1,500})(?P=q)"
                 # (never ``Bearer``/``Basic`` as a bare value: the credential after it is)
                 r"|(?!(?:[Bb]earer|[Bb]asic|[Tt]oken)\s)(?P<bare>[^\s'\",;&)}\]<>(\[]{1,500}+)(?![(\[]))",
             ]
@@ -151,33 +153,38 @@ def spans(
     text: str, is_secret: Callable[[str], bool] = is_secret_name
 ) -> Iterator[tuple[int, int]]:
     """The (start, end) of every secret value in ``text``, in order, never overlapping."""
+    last = 0
     for match in _pattern().finditer(text):
-        if match["pem"] is not None or match["pemtail"] is not None or match["token"] is not None:
-            yield match.span()
-        elif match["hookpath"] is not None:
-            yield match.span("hookpath")
-        elif match["password"] is not None:
-            if not match["password"].startswith("[REDACTED"):
-                yield match.span("password")
-        elif match["credential"] is not None:
-            credential = match["credential"]
-            scheme = match["scheme"].strip().lower()
-            if _random_looking(credential) or (
-                scheme == "basic" and _basic_credentials(credential)
-            ):
-                yield match.span("credential")
-        elif match["key"] is not None:
-            quoted = match["quoted"] is not None
-            name = "quoted" if quoted else "bare"
-            start = match.start()
-            # A bare value right after ``?``/``&`` is a query string or form body, not code.
-            bare_context = start > 0 and text[start - 1] in "?&"
-            if _assignment_secret(match["key"], match[name], quoted, bare_context, is_secret):
-                yield match.span(name)
-            else:  # an ordinary name: its value may still hold a secret (``cfg=token=...``)
-                offset = match.start(name)
-                for inner_start, inner_end in spans(match[name], is_secret):
-                    yield offset + inner_start, offset + inner_end
+        found = _span(match, text, is_secret)
+        if found is not None and found[0] >= last:
+            yield found
+            last = found[1]
+
+
+def _span(
+    match: re.Match[str], text: str, is_secret: Callable[[str], bool]
+) -> tuple[int, int] | None:
+    """Where the secret of one match is, if it is one."""
+    if match["pem"] is not None or match["pemtail"] is not None or match["token"] is not None:
+        return match.span()
+    if match["hookpath"] is not None:
+        return match.span("hookpath")
+    if match["password"] is not None:
+        return None if match["password"].startswith("[REDACTED") else match.span("password")
+    if match["credential"] is not None:
+        credential = match["credential"]
+        basic = match["scheme"].strip().lower() == "basic"
+        if _random_looking(credential) or (basic and _basic_credentials(credential)):
+            return match.span("credential")
+        return None
+    quoted = match["quoted"] is not None
+    name = "quoted" if quoted else "bare"
+    start = match.start()
+    # A bare value right after ``?``/``&`` is a query string or form body, not code.
+    bare_context = start > 0 and text[start - 1] in "?&"
+    if _assignment_secret(match["key"], match[name], quoted, bare_context, is_secret):
+        return match.span(name)
+    return None
 
 
 def mask(text: str, replacement: str, is_secret: Callable[[str], bool] = is_secret_name) -> str:

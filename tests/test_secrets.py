@@ -265,3 +265,17 @@ def test_the_environment_object_itself_is_rendered_masked(monkeypatch: pytest.Mo
     monkeypatch.setenv("SERVICE_PASSWORD", "opaque-environ-pw")
     assert "opaque-environ-pw" not in render_value(os.environ)
     assert "opaque-environ-pw" not in summarize_locals({"env": os.environ}, limit=100_000)
+
+
+@pytest.mark.parametrize("limit", [300, 1_000, 4_000])
+@pytest.mark.parametrize("side", ["head", "tail"])
+def test_a_cut_never_leaves_half_a_key(limit: int, side: str) -> None:
+    from crashoverride._text import clip
+
+    keep = limit - 60
+    filler = "x " * 5_000
+    # The key straddles where ``clip`` cuts the head, or where the kept tail begins.
+    at = keep * 2 // 3 - 10 if side == "head" else len(filler) - (keep - keep * 2 // 3) - 10
+    text = filler[:at] + OPENAI + filler[at:]
+    kept = mask(clip(text, limit), MASK)
+    assert not any(OPENAI[i : i + 8] in kept for i in range(len(OPENAI) - 8))
