@@ -95,11 +95,19 @@ def record_id(recovery_id: str) -> str:
 
 
 def make(
-    *, fingerprint: str, targets: list[dict[str, str]], recovery_id: str, approved_by: str
+    *,
+    fingerprint: str,
+    targets: list[dict[str, str]],
+    recovery_id: str,
+    approved_by: str,
+    recipe: tuple[str, ...] = (),
+    turns: int = 0,
 ) -> dict[str, Any]:
+    """A record; ``recipe``: the recovery's state-repair snippets (``_recipes``), ``turns``: the
+    model calls it took."""
     return {"id": record_id(recovery_id), "fingerprint": fingerprint,
             "targets": targets, "recovery_id": recovery_id, "at": time.time(),
-            "approved_by": approved_by}  # fmt: skip
+            "approved_by": approved_by, "recipe": list(recipe), "turns": turns}  # fmt: skip
 
 
 def _canonical(record: dict[str, Any]) -> bytes:
@@ -124,6 +132,8 @@ def verify(stored: str | bytes, key: bytes) -> dict[str, Any]:
         raise Refused("bad signature (not signed with this fleet's key)")
     if not isinstance(record, dict) or not isinstance(record.get("targets"), list):
         raise Refused("malformed record")
+    if not all(isinstance(snippet, str) for snippet in record.get("recipe", [])):
+        raise Refused("malformed recipe")
     return record
 
 
@@ -185,7 +195,7 @@ async def receive(
     """
     record = verify(stored, key)
     todo = check(record)
-    if not todo:
+    if not todo and not record.get("recipe"):
         return record, []
     if approve is not None:
         text = approval_text(record)
@@ -201,6 +211,9 @@ def approval_text(record: dict[str, Any]) -> str:
     for target in record["targets"]:
         lines.append(f"# replace_function({target['module']}.{target['qualname']}):")
         lines.append(str(target["source"]).rstrip("\n"))
+    for snippet in record.get("recipe", []):
+        lines.append("# state repair, replayed when this failure recurs (recipe):")
+        lines.append(str(snippet).rstrip("\n"))
     return "\n".join(lines) + "\n"
 
 

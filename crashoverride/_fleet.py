@@ -28,7 +28,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Final
 
-from . import _fixrecords, _log
+from . import _fixrecords, _log, _recipes
 from ._coordination import LEAD, InProcess, Joined
 from ._fleet_eager import Eager, announce
 from ._fleet_link import CONNECT_FACTOR, Link, Unavailable
@@ -135,7 +135,7 @@ class Fleet:
 
     def report_fields(self, rec: Recovery) -> dict[str, Any]:
         publishes = self.option.key is not None and rec.id in self._leases
-        if publishes and _fixrecords.has_changes(rec.id):
+        if publishes and (_fixrecords.has_changes(rec.id) or _recipes.pending(rec.id)):
             return {"fix_record": _fixrecords.record_id(rec.id)}
         return {}
 
@@ -155,10 +155,14 @@ class Fleet:
         lease.renewal.cancel()
         succeeded = report.outcome in ("recovered", "repaired")
         stored = ""
-        if succeeded and changes and self.option.key is not None:
+        # Its report names a record when it changed code or made a recipe (``report_fields``).
+        recipe = self.local.limits.recipes.get(rec.fingerprint) if report.fix_record else None
+        if succeeded and report.fix_record and self.option.key is not None:
             record = _fixrecords.make(
                 fingerprint=rec.fingerprint, targets=changes, recovery_id=rec.id,
                 approved_by=_fixrecords.approved_by(list(report.tool_calls), rec.settings.approve),
+                recipe=recipe.snippets if recipe is not None else (),
+                turns=recipe.turns if recipe is not None else 0,
             )  # fmt: skip
             stored = _fixrecords.sign(record, self.option.key)
         outcome = json.dumps({"token": lease.token, "recovered": succeeded,
@@ -353,6 +357,9 @@ class Fleet:
         except _fixrecords.Refused as refusal:
             _log.emit("warning", _log.FIX_REFUSED, reason=str(refusal), **rec.fields())
             return False
+        if record.get("recipe"):  # verified and for this code: the state repair, for later
+            recipe = _recipes.Recipe(tuple(record["recipe"]), int(record.get("turns", 0)))
+            self.local.limits.recipes.save(rec.fingerprint, recipe)
         if not changed:
             return False  # this process runs the fix already: it did not help here
         rec.tag(fix_record=str(record.get("id", "")))

@@ -268,6 +268,9 @@ class Limits:
             settings.breaker_threshold, settings.breaker_window, settings.breaker_cooldown
         )
         from ._coordination import build
+        from ._recipes import Recipes
+
+        self.recipes = Recipes()  # state repairs of recovered ``with`` blocks, by fingerprint
 
         # Who decides admission and single-flight: this process, or the fleet (through Redis).
         self.coordination = build(self, settings)

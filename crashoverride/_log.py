@@ -20,6 +20,8 @@ SKIPPED = "recovery.skipped"
 CANCELLED = "recovery.cancelled"
 REPLAY_FAILED = "recovery.replay_failed"
 LOOP_BLOCKED = "recovery.loop_blocked"
+# A recipe (an earlier recovery's state repair) failed to run here: the agent runs instead.
+RECIPE_FAILED = "recovery.recipe_failed"
 CALLBACK_FAILED = "recovery.callback_failed"
 SOURCE_CHANGED = "recovery.source_changed"
 WARM_UP_FAILED = "recovery.warm_up_failed"

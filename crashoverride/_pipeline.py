@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import structlog  # noqa: F401  (loaded with the pipeline, off the loop: see _handler)
 
-from . import _agent, _bridge, _log
+from . import _agent, _bridge, _log, _recipes
 from ._block import Block
 from ._bridge import Dispatch, Job, Placement
 from ._namespace import AgentInterrupted
@@ -120,17 +120,26 @@ async def _steps(rec: Any, place: Placement, call: Dispatch) -> Any:
         except ImportError:
             pass  # the agent run reports it, as it does on every other placement
     job = await call(rec.prepare)
-    rec.started(place.name)
+    check = rec.block.check if rec.block is not None else None
 
-    # 5. the agent run; its code runs as the owner, through the placement
     def agent_call(job_: Job) -> Awaitable[Any]:
         return place.call(inside(rec.id, job_, agent_code=True))
 
+    # 4b. an earlier recovery's state repair (its recipe), before any model call
+    if rec.coordinated and _recipes.applies(rec):
+        recipe = rec.limits.recipes.get(rec.fingerprint)
+        if recipe is not None and check is not None:
+            held = await _recipes.replay(rec, recipe, agent_call, lambda: _judged(check, rec))
+            if held:
+                return rec.recipe_replayed(recipe.turns)
+            rec.limits.recipes.forget(rec.fingerprint)  # it did not hold: the agent runs
+        _recipes.record(rec)
+    rec.started(place.name)
+    # 5. the agent run; its code runs as the owner, through the placement
     run_ = await place.run_session(lambda dispatch: _agent.run_agent(job, dispatch), agent_call,
                                    rec.deadline)  # fmt: skip
     # 6. verdict: the block's evidence, judged in the owner's context
     verdict: str | None = None
-    check = rec.block.check if rec.block is not None else None
     if run_.failure is None and not rec.state.stopped and rec.settings.mode == "repair":
         verdict = (
             "the block has no check" if check is None else await call(lambda: _judged(check, rec))

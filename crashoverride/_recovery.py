@@ -194,6 +194,12 @@ class Recovery:
         reason = "replayed after a concurrent recovery"
         return self._finish("recovered", reason, "replay", None, _log.SUCCEEDED, "info", value)
 
+    def recipe_replayed(self, saved: int) -> Decision:
+        """The state repair of an earlier recovery ran here and the postcondition holds."""
+        self.tag(fleet_role="recipe", model_calls_saved=saved)
+        reason = f"replayed an earlier recovery's recipe (saved {saved} model calls)"
+        return self._finish("recovered", reason, "recipe", None, _log.SUCCEEDED, "info")
+
     def timed_out(self, what: str = "") -> Decision:
         reason = self.deadline.message(what)
         return self._finish("failed", reason, "agent", None, _log.FAILED, "warning")
@@ -255,6 +261,8 @@ class Recovery:
             decision.interrupt = state.interrupted
         succeeded = decision.recovered or repaired
         if self.running:
+            turns = run.turns if run is not None else 0
+            self.limits.recipes.conclude(self.id, self.fingerprint, decision.recovered, turns)
             self.limits.breaker.record(self.fingerprint, succeeded)
         elif self.trial:
             self.limits.breaker.abandon(self.fingerprint, self.trial)

@@ -144,7 +144,8 @@ class RecoveryReport:
             but this occurrence could not be undone and its exception is re-raised).
         reason: Why the outcome is what it is, in one line.
         via: ``"agent"``, ``"replay"`` (a single-flight waiter re-ran after another recovery
-            fixed the code) or ``"none"``.
+            fixed the code), ``"recipe"`` (an earlier recovery's state repair of this ``with``
+            block ran again and the postcondition holds: no model call) or ``"none"``.
         diagnosis: The agent's final message, or its give-up reason.
         fleet_role: With ``RedisCoordination``: ``"leader"`` (ran the agent for the fleet),
             ``"waiter"`` (waited for another process's recovery), ``"replayed-fix"`` (applied
