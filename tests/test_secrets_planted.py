@@ -88,6 +88,8 @@ def leaks(text: str) -> list[str]:
 
 CURIOUS_AGENT = [
     exec_python("import os\ndict(os.environ)"),
+    eval_python("dict(os.environ)"),  # ``os`` is bound in the session by the snippet above
+    eval_python("os.environ"),
     exec_python(
         "from urllib.parse import urlsplit\n"
         "print(os.environ['DATABASE_URL'])\n"
