@@ -3,7 +3,8 @@
 Every channel (the prompt, the locals summary, tool results, events, the report, notes,
 follow-ups, cassettes) passes its text through a ``Redactor``. It masks, in any text:
 
-- known secret values: values bound to secret-looking names in the failed frame (at any depth),
+- known secret values: values under secret-looking names in the failed frame's locals and
+  inside them (a bounded walk, ``_masking.secret_values``),
   secret-named environment variables, credentials found inside any environment variable (the
   password of a ``DATABASE_URL``), the configured ``api_key``, the application's ``Redaction``;
 - secrets recognised by their value (``_secrets``): provider keys, JWTs, private keys,
@@ -88,7 +89,8 @@ class Redactor:
         ordered = sorted(values, key=len, reverse=True)
         alternatives = [re.escape(v) for v in ordered]
         if policy is not None:
-            alternatives += [f"(?:{p.pattern})" for p in policy.patterns]
+            # Each keeps the case-insensitivity ``Redaction`` compiled it with.
+            alternatives += [f"(?i:{p.pattern})" for p in policy.patterns]
         self._pattern = re.compile("|".join(alternatives)) if alternatives else None
 
     @classmethod
@@ -102,13 +104,6 @@ class Redactor:
             return True
         policy = self._policy
         return policy is not None and any(p.search(name) for p in policy.names)
-
-    def add(self, value: str) -> None:
-        """Remember one more secret value (e.g. a header seen by an integration)."""
-        if not isinstance(value, str) or len(value) < _MIN_SECRET_LENGTH or value == MASK:
-            return
-        known = self._pattern.pattern + "|" if self._pattern is not None else ""
-        self._pattern = re.compile(re.escape(value) + "|" + known.rstrip("|"))
 
     def __call__(self, text: str) -> str:
         if self._pattern is not None:

@@ -279,3 +279,8 @@ def test_a_cut_never_leaves_half_a_key(limit: int, side: str) -> None:
     text = filler[:at] + OPENAI + filler[at:]
     kept = mask(clip(text, limit), MASK)
     assert not any(OPENAI[i : i + 8] in kept for i in range(len(OPENAI) - 8))
+
+
+def test_policy_patterns_keep_their_case_insensitivity() -> None:
+    redact = Redactor((), Redaction(patterns=[r"tenant-[0-9]{4}"]))
+    assert redact("TENANT-1234 and tenant-5678") == f"{MASK} and {MASK}"
