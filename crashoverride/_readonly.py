@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import builtins
 import datetime
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -66,6 +67,7 @@ _METHODS: dict[type, frozenset[str]] = {
 }
 _BY_OBJECT = {id(getattr(builtins, name)): name for name in PURE | STATIC}
 _SIZED = (list, tuple, dict, set, frozenset, str, bytes, range)
+_SOURCE_KINDS = (types.FunctionType, types.ModuleType, type)  # ``type``: no metaclass
 _ARITHMETIC: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
     ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b,
@@ -238,7 +240,13 @@ def _function(func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
     from ._patching import show_source
 
     if func is show_source and len(args) == 1 and not kwargs:
-        return show_source(args[0])
+        # ``inspect`` asks an object whether it is a class or wraps another (``isinstance``,
+        # ``__wrapped__``): only kinds that cannot answer with code of their own go there.
+        target = args[0]
+        target = target.__func__ if type(target) is types.MethodType else target
+        if one_of(type(target), _SOURCE_KINDS) and "__wrapped__" not in (vars(target) or {}):
+            return show_source(target)
+        raise refuse(f"show_source() of a {describe(target)} (functions, classes, modules)")
     name = _BY_OBJECT.get(id(func))
     if name is None or getattr(builtins, name) is not func:
         raise refuse(f"calling {describe(func)} is not allowed (only inspection functions)")

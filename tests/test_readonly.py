@@ -31,6 +31,7 @@ import pytest
 
 from crashoverride import CrashOverride, _snapshot
 from crashoverride._namespace import Workspace
+from crashoverride._patching import show_source
 from tests.helpers import done_step, scripted, tool_outputs
 
 LINUX = sys.platform.startswith("linux")
@@ -123,7 +124,9 @@ class World:
         )
 
     def workspace(self) -> Workspace:
-        return Workspace(globals_=self.module_globals, caller=self.caller, bindings={})
+        return Workspace(
+            globals_=self.module_globals, caller=self.caller, bindings={"show_source": show_source}
+        )
 
 
 def attempt(ws: Workspace, expression: str) -> str:
@@ -395,6 +398,8 @@ FALLBACK_READS = {
     "[account.balance, None]": "[100, None]",
     "type(account)": "<class 'tests.test_readonly.Account'>",
     "LIMIT if flag is not None else 0": "10", "os.sep": "/",
+    "show_source(Account.mutate).split()[1]": "mutate(self)",
+    "show_source(account.mutate).split()[1]": "mutate(self)",
 }  # fmt: skip
 
 
@@ -445,10 +450,12 @@ def test_the_fallback_evaluator_runs_no_code_of_the_application(
 
     monkeypatch.setattr(_snapshot, "FORK_ENABLED", False)
     obj = Sneaky()
-    ws = Workspace(globals_={"obj": obj, "Sneaky": Sneaky}, caller={}, bindings={})
+    ws = Workspace(globals_={"obj": obj, "Sneaky": Sneaky}, caller={},
+                   bindings={"show_source": show_source})  # fmt: skip
     for expression in (
         "obj.missing", "obj == 1", "{obj}", "obj in [1]", "not obj", "len(obj)",
         "isinstance(1, Sneaky)", "sorted([obj, obj])", "obj and 1", "str(obj)",
+        "show_source(obj)", "show_source(Sneaky)",
     ):  # fmt: skip
         assert attempt(ws, expression).startswith("PermissionError: diagnose mode"), expression
     assert attempt(ws, "obj") == f"<tests.test_readonly.{Sneaky.__qualname__} object>"
