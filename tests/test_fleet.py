@@ -76,6 +76,19 @@ def fixed_elsewhere(url: str) -> CrashOverride:
     return leader
 
 
+def async_jobs(*apps: CrashOverride) -> list[Any]:
+    """For each app, an async call of ``transform`` it protects."""
+    jobs = []
+    for co in apps:
+
+        @co.handler()
+        async def job(i: int) -> int:
+            return transform(i)
+
+        jobs.append(job)
+    return jobs
+
+
 def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [entry for entry in logs if entry["event"] == name]
 
@@ -294,8 +307,7 @@ async def test_a_lease_whose_holder_died_is_taken_over(url: str) -> None:
     # A leader that died mid-recovery: its lease runs out, no outcome is ever published.
     client = redis.Redis.from_url(url)
     try:
-        fingerprint_of = await _fingerprint(job)
-        names = keys(fingerprint_of)
+        names = keys(_fingerprint())
         client.set(names["fence"], 41)
         client.set(names["lease"], "41|dead", px=300)
         with capture_logs() as logs:
@@ -307,7 +319,7 @@ async def test_a_lease_whose_holder_died_is_taken_over(url: str) -> None:
     assert taken["takeover"] is True and taken["fencing_token"] == 42
 
 
-async def _fingerprint(job: Any) -> str:
+def _fingerprint() -> str:
     from crashoverride._recovery import fingerprint
 
     try:
@@ -405,14 +417,7 @@ async def test_redis_killed_mid_run_degrades_and_nothing_hangs() -> None:
         second_model = scripted(exec_step(PATCH), done_step("patched"))
         first, second = app(url, first_model), app(url, second_model)
         holder: dict[str, Any] = {}
-
-        @first.handler()
-        async def on_first(i: int) -> int:
-            return transform(i)
-
-        @second.handler()
-        async def on_second(i: int) -> int:
-            return transform(i)
+        on_first, on_second = async_jobs(first, second)
 
         async def run(job: Any, i: int) -> None:
             holder[i] = await job(i)
@@ -508,3 +513,78 @@ def test_an_eager_process_started_later_catches_up(url: str) -> None:
 async def _until_applied(logs: list[dict[str, Any]]) -> None:
     with anyio.fail_after(10):
         await _until(lambda: events(logs, "fleet.fix_applied"))
+
+
+# ------------------------------------------------------------------ deadlines, renewal, fencing
+
+
+def test_a_waiter_never_waits_past_its_own_deadline(url: str) -> None:
+    co = CrashOverride(model=scripted(), timeout=0.5, coordination=fleet(url))
+    keys = co._limits().coordination.keys  # type: ignore[attr-defined]
+    client = redis.Redis.from_url(url)
+    try:
+        names = keys(_fingerprint())
+        client.set(names["lease"], "7|alive-elsewhere", px=30_000)  # a long recovery elsewhere
+
+        @co.handler()
+        def job(i: int) -> int:
+            return transform(i)
+
+        with pytest.raises(NotImplementedError) as caught:
+            job(1)
+    finally:
+        client.close()
+        close_fleet(co)
+    assert "timed out after 0.5s waiting for a concurrent recovery" in caught.value.__notes__[0]
+
+
+@pytest.mark.anyio
+async def test_the_lease_is_renewed_while_a_long_recovery_runs(url: str) -> None:
+    slow = PATCH.replace("anyio.sleep(0.3)", "anyio.sleep(1.2)")  # four leases long
+    first, second = scripted(exec_step(slow), done_step("patched")), scripted()
+    leader, other = app(url, first, lease=0.3), app(url, second, lease=0.3)
+    on_leader, on_other = async_jobs(leader, other)
+
+    results: list[int] = []
+
+    async def run(job: Any, i: int) -> None:
+        results.append(await job(i))
+
+    with capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, on_leader, 1)
+            await _until(lambda: events(logs, "recovery.started"))
+            tg.start_soon(run, on_other, 2)
+    close_fleet(leader, other)
+    assert sorted(results) == [10, 20] and len(second.calls) == 0
+    assert [e["takeover"] for e in events(logs, "fleet.lease_taken")] == [False]
+
+
+def bump_fence(url: str) -> None:
+    """Agent code of a test: another process took the lease over meanwhile."""
+    client = redis.Redis.from_url(url)
+    try:
+        (fence,) = client.keys("co:unit:*:fence")
+        client.incr(fence)
+    finally:
+        client.close()
+
+
+def test_a_leader_that_lost_its_lease_cannot_publish(url: str) -> None:
+    fenced = f"bump_fence({url!r})\n" + PATCH
+    co = app(url, scripted(exec_step(fenced), done_step("patched")))
+
+    @co.handler()
+    def job(i: int) -> int:
+        return transform(i)
+
+    with capture_logs() as logs:
+        assert job(1) == 10  # its own unit is recovered all the same
+    close_fleet(co)
+    assert len(events(logs, "fleet.lease_lost")) == 1
+    assert events(logs, "fleet.fix_published") == []
+    client = redis.Redis.from_url(url)
+    try:
+        assert client.keys("co:unit:*:outcome") == [] and client.keys("co:unit:*:fix") == []
+    finally:
+        client.close()
