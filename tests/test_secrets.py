@@ -112,7 +112,8 @@ def test_more_secret_names(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["max_tokens", "token_type", "api_key_path", "secret_name", "PWD", "OLDPWD"]
+    "name",
+    ["max_tokens", "token_type", "api_key_path", "secret_name", "PWD", "idempotency_key"],
 )
 def test_names_of_counts_kinds_and_places_are_not_secret(name: str) -> None:
     assert not is_secret_name(name)
