@@ -85,10 +85,14 @@ class InProcess:
         return {}
 
     async def land(self, rec: Recovery, decision: Decision) -> None:
-        return None  # ``Recovery`` lands the local flight itself, with its outcome
+        # ``Recovery`` lands the local flight itself, with its outcome. Code changes noted for
+        # a fix record have nowhere to go in-process.
+        self.abandon(rec)
 
     def abandon(self, rec: Recovery) -> None:
-        return None
+        from ._fixrecords import take
+
+        take(rec.id)
 
 
 def build(limits: Limits, settings: Settings) -> Coordination:

@@ -39,6 +39,16 @@ _lock = threading.Lock()
 _helper: tuple[int, asyncio.AbstractEventLoop] | None = None  # (pid, loop): one per process
 
 
+def _after_fork() -> None:
+    # The helper thread does not survive a fork, and its lock may have been held when it
+    # happened: the child starts afresh at its first failure.
+    global _helper, _lock
+    _helper, _lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def _helper_loop() -> asyncio.AbstractEventLoop:
     global _helper
     with _lock:
@@ -58,15 +68,15 @@ class Link:
         self.option = option
         # [pid, client]: a list so the finalizer can close the client without holding the Link.
         self._client: list[Any] = [0, None]
-        self._connecting: asyncio.Lock | None = None
+        self._connecting: tuple[int, asyncio.Lock] | None = None
         self._background: list[Future[Any]] = []
         weakref.finalize(self, _close_later, self._client)
 
     async def _connected(self) -> Any:
         # Runs on the helper loop only, so the lock is made and taken on that loop.
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
+        if self._connecting is None or self._connecting[0] != os.getpid():
+            self._connecting = (os.getpid(), asyncio.Lock())  # one per helper loop
+        async with self._connecting[1]:
             pid, client = self._client
             if client is None or pid != os.getpid():
                 factory = self.option.client_factory
