@@ -30,7 +30,8 @@ another thread held at the fork stays held in the child: an expression that need
 until the deadline kills the child.
 
 Fork is used on Linux only (macOS frameworks are not fork-safe; Windows has no fork); elsewhere,
-or with ``FORK_ENABLED`` off, the whitelisting evaluator of ``_readonly`` runs instead.
+with ``FORK_ENABLED`` off, or when a fork fails (no memory or processes left), the static
+evaluator of ``_readonly`` runs instead.
 """
 
 from __future__ import annotations
@@ -72,21 +73,28 @@ class InspectionFailed(Exception):
     """The expression raised, was refused, or ran out of time; the message says which."""
 
 
+class _NoSnapshot(Exception):
+    """No fork here or now: the static evaluator (``_readonly``) answers instead."""
+
+
 def fork_usable() -> bool:
     return FORK_ENABLED and sys.platform.startswith("linux") and hasattr(os, "fork")
 
 
 def inspect_read_only(ws: Workspace, names: Mapping[str, Any], expression: str) -> Any:
     """Evaluate ``expression`` against the live namespace without changing the process."""
-    if not fork_usable():
-        from ._readonly import evaluate_plain
-
-        return evaluate_plain(expression, ws.globals, names)
     budget = UNBOUNDED_CAP if ws.deadline is None else ws.deadline - time.monotonic()
     if budget <= 0:
         raise InspectionFailed("the recovery's time is up; the expression was not evaluated")
-    _warm_up()
-    kind, text = _in_snapshot(lambda: _evaluate(ws, names, expression), budget)
+    try:
+        if not fork_usable():
+            raise _NoSnapshot
+        _warm_up()
+        kind, text = _in_snapshot(lambda: _evaluate(ws, names, expression), budget)
+    except _NoSnapshot:
+        from ._readonly import evaluate_plain
+
+        return evaluate_plain(expression, ws.globals, names)
     if kind == _VALUE:
         return Rendered(text)
     raise InspectionFailed(text)
@@ -121,10 +129,10 @@ def _in_snapshot(work: Any, budget: float) -> tuple[bytes, str]:
         warnings.filterwarnings("ignore", r"This process .*is multi-threaded", DeprecationWarning)
         try:
             pid = os.fork()
-        except OSError as exc:  # out of processes or memory: nothing was evaluated
+        except OSError:  # out of processes or memory (overcommit off, a large heap)
             os.close(read_end)
             os.close(write_end)
-            raise InspectionFailed(f"could not start a snapshot of the process: {exc}") from None
+            raise _NoSnapshot from None
         if pid == 0:
             _child(write_end, work)
     os.close(write_end)

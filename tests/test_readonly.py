@@ -494,14 +494,17 @@ def test_a_snapshot_that_cannot_be_isolated_evaluates_nothing(
     assert unchanged(world) == []
 
 
-def test_no_fork_available_is_a_tool_error(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_fork_falls_back_to_the_static_evaluator(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def no_fork() -> int:
         raise BlockingIOError(11, "Resource temporarily unavailable")
 
     monkeypatch.setattr(_snapshot, "fork_usable", lambda: True)
     monkeypatch.setattr(os, "fork", no_fork)
-    text = attempt(world.workspace(), "len(items)")
-    assert text.startswith("InspectionFailed: could not start a snapshot of the process")
+    assert attempt(world.workspace(), "len(items)") == "2"
+    assert attempt(world.workspace(), "items.append(3)").startswith("PermissionError: diagnose")
+    assert unchanged(world) == []
 
 
 @fork_only
