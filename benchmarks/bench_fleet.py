@@ -9,6 +9,8 @@
   fingerprint; scripted model, the agent gives up at once): median time per recovery with the
   fleet backend vs in-process. The difference is what coordination adds (Redis round trips,
   helper-thread hops, the lease).
+* fallback: the same, with a Redis that stopped answering (SIGSTOP) after the first
+  recovery: each recovery waits ``op_timeout`` (0.1 s) for Redis, then goes on in-process.
 * happy path: ``with co.handler()`` with ``coordination=RedisCoordination(...)`` vs
   ``contextlib.suppress`` (target as for the in-process default: <= 1.25x).
 
@@ -146,21 +148,53 @@ def _distinct_failures(count: int) -> list[Any]:
     return functions
 
 
-def _per_recovery_ms(mode: str, count: int) -> float:
-    from crashoverride import CrashOverride
+def _per_recovery_ms(mode: str, count: int, *, url: str = REDIS_URL, stop: Any = None) -> float:
+    """Median ms per recovery after the first (which connects); ``stop`` runs after it."""
+    from crashoverride import CrashOverride, RedisCoordination
     from tests.helpers import give_up_step, scripted
 
     model = scripted(*[give_up_step("not this time") for _ in range(count)])
     namespace = f"bench-{os.urandom(4).hex()}"
-    co = CrashOverride(model=model, coordination=_coordination(mode, namespace),
-                       breaker_threshold=10**6)  # fmt: skip
+    fleet = None
+    if mode != "in-process":  # retry Redis at every failure: each one meets the dead Redis
+        fleet = RedisCoordination(url, namespace=namespace, key=KEY, retry_after=0.001)
+    co = CrashOverride(model=model, coordination=fleet, breaker_threshold=10**6)
     samples = []
-    for fail in _distinct_failures(count):
+    for i, fail in enumerate(_distinct_failures(count)):
+        if i == 1 and stop is not None:
+            stop()
         began = time.perf_counter()
         with contextlib.suppress(LookupError), co.handler(prompt="-"):
             fail()
         samples.append((time.perf_counter() - began) * 1000)
-    return statistics.median(samples[1:])  # the first pays for connecting
+    return statistics.median(samples[1:])
+
+
+def _fallback_ms(count: int) -> float:
+    """Per recovery, with a Redis that stopped answering (SIGSTOP) after the first one."""
+    import shutil
+    import signal
+    import socket
+    import tempfile
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as workdir:
+        server = subprocess.Popen(
+            [shutil.which("redis-server") or "redis-server", "--port", str(port), "--save", "",
+             "--appendonly", "no", "--dir", workdir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            time.sleep(0.5)
+            url = f"redis://127.0.0.1:{port}/0"
+            return _per_recovery_ms("fleet", count, url=url,
+                                    stop=lambda: server.send_signal(signal.SIGSTOP))  # fmt: skip
+        finally:
+            server.send_signal(signal.SIGCONT)
+            server.kill()
+            server.wait(10)
 
 
 def _happy_rows() -> list[Row]:
@@ -187,6 +221,7 @@ def run(processes: int = 4, failures: int = 50, work: float = 0.5) -> list[Row]:
 
     with capture_logs():  # the events of 80 recoveries are not what this measures
         overhead = {mode: _per_recovery_ms(mode, 40) for mode in ("in-process", "fleet")}
+        stopped = _fallback_ms(12)
     redis.Redis.from_url(REDIS_URL).flushdb()
     return [
         row(f"fleet burst ({shape}): agent runs, Redis vs in-process", fleet["runs"], "runs",
@@ -197,6 +232,10 @@ def run(processes: int = 4, failures: int = 50, work: float = 0.5) -> list[Row]:
         row("fleet: time per recovery (scripted give-up), Redis vs in-process",
             overhead["fleet"], "ms", baseline=overhead["in-process"],
             note=f"coordination adds {overhead['fleet'] - overhead['in-process']:.2f} ms"),
+        row("fleet: time per recovery with Redis stopped (SIGSTOP), vs in-process", stopped,
+            "ms", baseline=overhead["in-process"], target="fallback ~100 ms",
+            note=f"falls back in-process after {stopped - overhead['in-process']:.0f} ms "
+                 "(op_timeout 0.1 s)"),
         *_happy_rows(),
     ]  # fmt: skip
 
