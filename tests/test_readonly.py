@@ -236,6 +236,52 @@ def test_diagnose_mode_through_the_handler_leaves_the_block_untouched() -> None:
     assert tool_outputs(model)[-1] == "(2, 3, 1)"
 
 
+def test_the_13_write_attempts_through_a_diagnose_recovery_change_nothing(
+    tmp_path: Path, server: _Server
+) -> None:
+    refunds: list[int] = []
+
+    def refund(amount: int) -> str:
+        """Refund an amount (an application tool: diagnose mode must not offer it)."""
+        refunds.append(amount)
+        return "refunded"
+
+    attempts = [ATTEMPTS[name][0] for name in list(ATTEMPTS)[:14]]
+    model = scripted(*[[_inspect(a)] for a in attempts], done_step("Root cause: none."))
+    co = CrashOverride(model=model, mode="diagnose", tools=[refund])
+    w = World(tmp=tmp_path, server=server)
+    hits, items, settings, account, jobs, ajobs, flag, gen = (
+        w.hits,
+        w.items,
+        w.settings,
+        w.account,
+        w.jobs,
+        w.ajobs,
+        w.flag,
+        w.gen,
+    )
+    victim, target, url = w.caller["victim"], w.caller["target"], w.caller["url"]
+    with pytest.raises(LookupError):
+        with co.handler():
+            raise LookupError("diagnose me")
+    assert (hits, items, settings, account, jobs, ajobs, flag, gen) == (
+        w.hits,
+        w.items,
+        w.settings,
+        w.account,
+        w.jobs,
+        w.ajobs,
+        w.flag,
+        w.gen,
+    )  # still bound to the same objects: caller.update reached only the snapshot
+    w.caller["items"] = items
+    assert unchanged(w) == []
+    assert len(tool_outputs(model)) == len(attempts)
+    assert {tool.name for tool in model.calls[0].tools} == {"inspect_python", "give_up"}
+    assert refunds == []
+    assert (victim, target, url) == (w.caller["victim"], w.caller["target"], w.caller["url"])
+
+
 @pytest.mark.anyio
 async def test_diagnose_mode_in_an_async_block_forks_from_the_event_loop_thread() -> None:
     model = scripted(
