@@ -198,8 +198,16 @@ async def receive(
     if not todo and not record.get("recipe"):
         return record, []
     if approve is not None:
-        text = approval_text(record)
-        verdict = await call(lambda: approve(text))
+        from ._report import ApprovalRequest
+
+        names = [f"{t['module']}.{t['qualname']}" for t in record["targets"]]
+        request = ApprovalRequest(approval_text(record), tool="apply_fix", source="fleet",
+                                  arguments={"record": record.get("id"), "targets": names},
+                                  is_code=True)  # fmt: skip
+        try:
+            verdict = await call(lambda: approve(request))
+        except Exception as exc:  # an approver that fails denies, as for any tool call
+            raise Refused(f"approve= raised {type(exc).__name__}: {exc}"[:200]) from None
         if not verdict or isinstance(verdict, str):
             raise Refused(f"denied by approve=: {verdict!r}"[:200])
     return record, apply(todo)

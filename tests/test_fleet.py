@@ -270,12 +270,15 @@ def test_a_tampered_record_is_refused_and_logged(url: str, tamper: str) -> None:
     assert events(logs, "fleet.fix_applied") == [] and len(model.calls) == 2
 
 
-def test_approve_sees_a_propagated_fix_before_it_runs(url: str) -> None:
+@pytest.mark.parametrize("approver", ["denies", "raises"])
+def test_approve_sees_a_propagated_fix_before_it_runs(url: str, approver: str) -> None:
     leader = fixed_elsewhere(url)
-    shown: list[str] = []
+    shown: list[Any] = []
 
-    def approve(code: str) -> str:
+    def approve(code: Any) -> str:
         shown.append(code)
+        if approver == "raises":
+            return str(code.no_such_attribute)
         return "not on a Friday"
 
     model = scripted(give_up_step("no"))
@@ -285,11 +288,14 @@ def test_approve_sees_a_propagated_fix_before_it_runs(url: str) -> None:
     def later_job(i: int) -> int:
         return transform(i)
 
-    with capture_logs() as logs, pytest.raises(NotImplementedError):
+    with capture_logs() as logs, pytest.raises(NotImplementedError) as caught:
         later_job(5)
     close_fleet(leader, later)
     assert "return value * 10" in shown[0]
-    assert "not on a Friday" in events(logs, "fleet.fix_refused")[0]["reason"]
+    assert (shown[0].tool, shown[0].source, shown[0].is_code) == ("apply_fix", "fleet", True)
+    expected = "AttributeError" if approver == "raises" else "not on a Friday"
+    assert expected in events(logs, "fleet.fix_refused")[0]["reason"]
+    assert "internal error" not in caught.value.__notes__[0]  # the agent ran instead
 
 
 # --------------------------------------------------------------------- takeover and breakers
