@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ._bridge import Dispatch
 from ._namespace import format_tool_error
 from ._report import ApprovalRequest, ToolCallRecord
-from ._text import clip
+from ._text import clip, render_value
 
 if TYPE_CHECKING:
     from ._agent import AgentJob
@@ -112,7 +112,9 @@ def _text_of(output: Any) -> str:
         return str(output.get("text", ""))
     if isinstance(output, list):
         return "\n".join(_text_of(item) for item in output)
-    return str(output)
+    # Rendered as eval_python's results are: secret-named keys and fields inside are masked
+    # by name, whatever their values look like.
+    return render_value(output)
 
 
 def _shielded(output: Any, redact: Callable[[str], str], fence: Callable[[str], str]) -> Any:
@@ -125,7 +127,7 @@ def _shielded(output: Any, redact: Callable[[str], str], fence: Callable[[str], 
         return {**output, "text": fence(redact(str(output.get("text", ""))))}
     if isinstance(output, list) and all(isinstance(item, Mapping) for item in output):
         return [_shielded(item, redact, fence) for item in output]
-    return fence(redact(str(output)))
+    return fence(redact(_text_of(output)))
 
 
 # -- tools that are not ours: application, handler, MCP ------------------------------------------

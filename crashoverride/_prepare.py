@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from ._recovery import Recovery
 
 
+# Stands for the fence id while the instructions are redacted: no secret pattern or user text
+# contains a NUL character between words.
+_ID_SLOT = "\x00fence-id\x00"
+
+
 def prepare(rec: Recovery) -> AgentJob:
     block, exc, state, settings = rec.block, rec.exc, rec.state, rec.settings
     assert block is not None and exc is not None
@@ -60,27 +65,33 @@ def prepare(rec: Recovery) -> AgentJob:
         code = block.frame.f_code
         location = f"{code.co_qualname} in {code.co_filename}:{block.frame.f_lineno}"
     fence = Fence()  # one per recovery: the instructions name its id
-    instructions = build_instructions(
-        settings.system_prompt,
-        settings.project_prompt,
-        settings.prompt,
-        mode=settings.mode,
-        persistence=settings.source_changes if settings.allow_source_changes else None,
-        fence=fence,
-    )
+    redact = rec.redact
+    # The instructions are the same for every recovery of a handler but for the fence's id:
+    # redacted with a stand-in id, their (costly) scan is done once, not per recovery.
+    instructions = redact.constant(
+        build_instructions(
+            settings.system_prompt,
+            settings.project_prompt,
+            settings.prompt,
+            mode=settings.mode,
+            persistence=settings.source_changes if settings.allow_source_changes else None,
+            fence=Fence(_ID_SLOT),
+        )
+    ).replace(_ID_SLOT, fence.id)
+    # Each part is redacted once (the exception and traceback were, by the record).
     text = build_input(
         fence=fence,
         exception=rec.exception_text,
         traceback_text=rec.traceback_text,
-        locals_summary=summarize_locals(shown, is_secret=rec.redact.is_secret),
-        block_brief=block.brief,
-        block_data=block.data,
-        location=location,
+        locals_summary=redact(summarize_locals(shown, is_secret=redact.is_secret)),
+        block_brief=redact(block.brief),
+        block_data={label: redact(value) for label, value in block.data.items()},
+        location=redact(location),
     )
     return AgentJob(
         settings=settings,
-        instructions=rec.redact(instructions),
-        input_text=rec.redact(text),
+        instructions=instructions,
+        input_text=text,
         workspace=rec.workspace,
         state=state,
         check=None,  # the pipeline judges the block's evidence itself, after the run

@@ -18,7 +18,7 @@ from . import _log
 from ._block import Block
 from ._deadline import Deadline
 from ._limits import Flight, Limits
-from ._redact import Redactor
+from ._redact import Redactor, name_rule
 from ._report import RecoveryReport, ToolCallRecord, Usage
 from ._settings import Settings
 from ._state import NO_RESULT, RunState
@@ -102,7 +102,8 @@ class Recovery:
         self.t0 = time.monotonic()
         self.waited = 0.0
         self.state = RunState()
-        found = _secret_values(block, Redactor((), settings.redaction).is_secret)
+        policy = settings.redaction
+        found = _secret_values(block, name_rule(policy.names if policy is not None else ()))
         self.redact = Redactor.for_settings(settings, [*found, *block.secrets])
         self.exc_type = f"{type(exc).__module__}.{type(exc).__qualname__}"
         self.exception_text = self.redact(describe_exception(exc))

@@ -13,6 +13,7 @@ follow-ups, cassettes) passes its text through a ``Redactor``. It masks, in any 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -81,7 +82,7 @@ class Redactor:
         self._policy = policy
         values: set[str] = set()
         if policy is None or policy.environment:
-            values.update(_environment_secrets(self.is_secret))
+            values.update(_environment_secrets(policy.names if policy is not None else ()))
         sources = list(extra_values) + list(policy.values if policy is not None else ())
         values.update(v for v in sources if isinstance(v, str) and len(v) >= _MIN_SECRET_LENGTH)
         values.discard(MASK)
@@ -96,39 +97,73 @@ class Redactor:
     @classmethod
     def for_settings(cls, settings: Settings, extra_values: Iterable[str] = ()) -> Redactor:
         """The redactor of a run under ``settings``: its policy and the credentials it holds."""
-        held = [settings.api_key] if settings.api_key else []
+        key = settings.api_key
+        # A placeholder key for a local server ("ollama", "not-needed") is a word the agent
+        # must still be able to read; a real credential is long or random-looking.
+        held = [key] if key and (len(key) >= 16 or _secrets.random_looking(key)) else []
         return cls([*extra_values, *held], settings.redaction)
 
     def is_secret(self, name: str) -> bool:
-        if is_secret_name(name):
-            return True
         policy = self._policy
-        return policy is not None and any(p.search(name) for p in policy.names)
+        return _secret_under(policy.names if policy is not None else (), name)
 
     def __call__(self, text: str) -> str:
         if self._pattern is not None:
             text = self._pattern.sub(MASK, text)
         return _secrets.mask(text, MASK, self.is_secret)
 
+    def constant(self, text: str) -> str:
+        """``self(text)`` for text every recovery sends again (the instructions): the value
+        scan of it is remembered, as it depends only on the text and the name rules."""
+        if self._pattern is not None:
+            text = self._pattern.sub(MASK, text)
+        if len(text) > _CONSTANT_LIMIT:
+            return _secrets.mask(text, MASK, self.is_secret)
+        policy = self._policy
+        return _scanned(text, policy.names if policy is not None else ())
+
+
+def _secret_under(names: tuple[re.Pattern[str], ...], name: str) -> bool:
+    """The name rule: the built-in one, or one of the application's ``Redaction.names``."""
+    return is_secret_name(name) or any(p.search(name) for p in names)
+
+
+def name_rule(names: tuple[re.Pattern[str], ...] = ()) -> Callable[[str], bool]:
+    """The name rule under ``names`` (a ``Redaction``'s), without building a redactor."""
+    return functools.partial(_secret_under, names) if names else is_secret_name
+
+
+# Instructions are a few kB per handler, and scanning them was most of a recovery's redaction
+# cost: a burst of recoveries paid it on the event loop once each.
+_CONSTANT_LIMIT = 64 * 1024
+
+
+@functools.lru_cache(maxsize=32)
+def _scanned(text: str, names: tuple[re.Pattern[str], ...]) -> str:
+    return _secrets.mask(text, MASK, name_rule(names))
+
 
 _env_lock = threading.Lock()
 _env_cache: tuple[object, frozenset[str]] | None = None
 
 
-def _environment_secrets(is_secret: Callable[[str], bool]) -> frozenset[str]:
+def _environment_secrets(names: tuple[re.Pattern[str], ...]) -> frozenset[str]:
     """Secret-named variables' values and credentials found in any variable's value.
 
     Scanning the environment costs ~1 ms; it rarely changes, so the result is kept while the
-    environment and the name rule stay the same.
+    environment and the name rules stay the same. The key is the environment's raw mapping
+    (``os.environ._data`` where it exists): iterating ``os.environ`` decodes every entry.
     """
     global _env_cache
-    items = tuple(os.environ.items())
-    key = (items, is_secret if not _is_default(is_secret) else None)
+    raw = getattr(os.environ, "_data", None)
+    snapshot = tuple(raw.items()) if isinstance(raw, dict) else tuple(os.environ.items())
+    key = (snapshot, names)
     cached = _env_cache
     if cached is not None and cached[0] == key:
         return cached[1]
+    is_secret = name_rule(names)
     found: set[str] = set()
-    for name, value in items:
+    for name, value in os.environ.items():
         if is_secret(name):
             found.add(value)
         found.update(_secrets.found(value, is_secret))
@@ -136,9 +171,3 @@ def _environment_secrets(is_secret: Callable[[str], bool]) -> frozenset[str]:
     with _env_lock:
         _env_cache = (key, result)
     return result
-
-
-def _is_default(is_secret: Callable[[str], bool]) -> bool:
-    # A bound ``Redactor.is_secret`` without a names policy decides as ``is_secret_name`` does.
-    owner = getattr(is_secret, "__self__", None)
-    return isinstance(owner, Redactor) and (owner._policy is None or not owner._policy.names)

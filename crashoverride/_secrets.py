@@ -104,7 +104,7 @@ def _pattern() -> re.Pattern[str]:
 _DOTTED = r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*"
 
 
-def _random_looking(value: str) -> bool:
+def random_looking(value: str) -> bool:
     """A credential rather than a word: long enough, with digits or mixed case and symbols."""
     if len(value) < 8 or value.startswith("[REDACTED"):
         return False
@@ -144,7 +144,7 @@ def _assignment_secret(
             return len(value) >= 3
         digits = any(c.isdigit() for c in value)
         return (digits or not code) and value.lower() != key.lower() and _wordlike(value)
-    return not code and _random_looking(value)
+    return not code and random_looking(value)
 
 
 def _wordlike(value: str) -> bool:
@@ -176,7 +176,7 @@ def _span(
     if match["credential"] is not None:
         credential = match["credential"]
         basic = match["scheme"].strip().lower() == "basic"
-        if _random_looking(credential) or (basic and _basic_credentials(credential)):
+        if random_looking(credential) or (basic and _basic_credentials(credential)):
             return match.span("credential")
         return None
     quoted = match["quoted"] is not None

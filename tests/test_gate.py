@@ -336,3 +336,21 @@ def test_the_request_copies_and_pickles_and_the_record_holds_plain_text() -> Non
         raise ValueError
     assert x == 1 and handler.report is not None
     assert type(handler.report.tool_calls[0].code) is str  # reports serialise (follow-up jobs)
+
+
+def test_an_application_tools_result_is_masked_by_name_inside_structures() -> None:
+    # A short value under a secret name looks like nothing by itself: only its key tells.
+    def account(user: str) -> dict[str, Any]:
+        """Look up an account."""
+        return {"user": user, "api_key": "abcd", "nested": {"password": "pw1"}}
+
+    model = scripted(_call("account", {"user": "ada"}), give_up_step("nothing to fix"))
+    co = CrashOverride(model=model, tools=[account])
+    handler = co.handler()
+    with pytest.raises(ValueError), handler:
+        raise ValueError("lookup failed")
+    seen = tool_outputs(model)[0]
+    assert "ada" in seen and "abcd" not in seen and "pw1" not in seen
+    report = handler.report
+    assert report is not None
+    assert "abcd" not in report.tool_calls[0].result and "pw1" not in report.tool_calls[0].result

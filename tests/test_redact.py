@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from crashoverride import CrashOverride, Redaction
 from crashoverride._redact import MASK, Redactor, is_secret_name
 from crashoverride._text import summarize_locals
 
@@ -34,3 +35,28 @@ def test_locals_summary_masks_values_and_stays_bounded() -> None:
     text = summarize_locals(names)
     assert "hunter22" not in text and MASK in text
     assert len(text) < 1_000
+
+
+def test_a_placeholder_api_key_stays_readable_and_a_real_one_is_masked() -> None:
+    # A local server's dummy key ("ollama") is an ordinary word in prompts and code.
+    placeholder = CrashOverride(model="m", base_url="http://127.0.0.1:1/v1", api_key="ollama")
+    real_key = "zq81Lk2m9XvB7rT4pQ6w"  # no known prefix: only holding it tells it is a key
+    real = CrashOverride(model="m", api_key=real_key)
+    text = f"the ollama server answered; key {real_key}"
+    assert Redactor.for_settings(placeholder._settings)(text) == text
+    assert Redactor.for_settings(real._settings)(text) == f"the ollama server answered; key {MASK}"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Inspect the frame. password=hunter22 and token ghp_" + "a1B2" * 9,
+        "nothing secret here at all",
+        "postgres://app:s3cr3t-pass@db:5432/x " * 50,
+    ],
+)
+def test_constant_text_is_redacted_exactly_as_any_text(text: str) -> None:
+    policy = Redaction(names=["pin"], values=["hunter22"])
+    redactor = Redactor(["s3cr3t-pass"], policy)
+    assert redactor.constant(text) == redactor(text)
+    assert redactor.constant(text) == redactor(text)  # the remembered scan, the same answer
