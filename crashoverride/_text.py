@@ -106,6 +106,11 @@ def format_traceback(exc: BaseException, tb: TracebackType | None = None) -> str
                 kept = list(stack[:_HEAD_FRAMES]) + list(stack[-_TAIL_FRAMES:])
                 item.stack = traceback.StackSummary.from_list(kept)
                 _note_hidden(item, hidden)
+            # Carets only where the exception was raised: they cost a parse of each frame's
+            # line (most of the formatting time), and on the callers' lines (framework
+            # plumbing, mostly) they only underline the call.
+            for frame in item.stack[:-1]:
+                frame.colno = frame.end_colno = None
             # ``_str`` is the rendered message; there is no public way to shorten it.
             message = getattr(item, "_str", None)
             if isinstance(message, str) and len(message) > MESSAGE_LIMIT:

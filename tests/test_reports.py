@@ -6,6 +6,7 @@ from typing import Any
 
 import anyio
 import pytest
+from agents.testing import ModelStep
 
 from crashoverride import CrashOverride
 from tests.helpers import done_step, exec_step, give_up_step, scripted
@@ -15,12 +16,20 @@ from tests.helpers import done_step, exec_step, give_up_step, scripted
 async def test_one_handler_shared_by_concurrent_tasks_keeps_reports_apart(
     anyio_backend: str,
 ) -> None:
-    # Two different failures (two fingerprints) so both recover independently.
-    model = scripted(
-        exec_step("import anyio\nawait anyio.sleep(0.1)\ncaller['value'] = 'a'"),
-        give_up_step("b cannot be recovered"),
-        done_step("set a"),
-    )
+    # Two different failures (two fingerprints) so both recover independently. Each model turn
+    # answers the run that asks (the runs reach the model in either order).
+    def answer(call: Any) -> list[Any]:
+        items = call.input if isinstance(call.input, list) else []
+        text = str(call.input)
+        if "ValueError" in text:
+            return give_up_step("b cannot be recovered")
+        if any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in items):
+            return done_step("set a")
+        return exec_step("import anyio\nawait anyio.sleep(0.1)\ncaller['value'] = 'a'")
+
+    model = scripted()
+    for _ in range(3):
+        model.enqueue(ModelStep.respond(answer))
     co = CrashOverride(model=model)
     handler = co.handler()
     seen: dict[str, Any] = {}
