@@ -48,8 +48,11 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import anyio
+
 # Imported here, in the parent: the child must not import (another thread may have held an
 # import lock at the fork).
+from ._bridge import loop_running_here
 from ._confine import confine
 from ._namespace import describe_result, format_tool_error
 
@@ -82,7 +85,11 @@ def fork_usable() -> bool:
 
 
 def inspect_read_only(ws: Workspace, names: Mapping[str, Any], expression: str) -> Any:
-    """Evaluate ``expression`` against the live namespace without changing the process."""
+    """Evaluate ``expression`` against the live namespace without changing the process.
+
+    On a thread that runs an event loop the wait is a coroutine (the bridge awaits it), so
+    the application goes on serving while the snapshot works, or hangs until the deadline.
+    """
     budget = UNBOUNDED_CAP if ws.deadline is None else ws.deadline - time.monotonic()
     if budget <= 0:
         raise InspectionFailed("the recovery's time is up; the expression was not evaluated")
@@ -90,14 +97,41 @@ def inspect_read_only(ws: Workspace, names: Mapping[str, Any], expression: str) 
         if not fork_usable():
             raise _NoSnapshot
         _warm_up()
-        kind, text = _in_snapshot(lambda: _evaluate(ws, names, expression), budget)
+        pid, read_end = _start(lambda: _evaluate(ws, names, expression))
     except _NoSnapshot:
         from ._readonly import evaluate_plain
 
         return evaluate_plain(expression, ws.globals, names)
-    if kind == _VALUE:
-        return Rendered(text)
-    raise InspectionFailed(text)
+    if loop_running_here():
+        return _wait_async(pid, read_end, budget)
+    try:
+        reply, finished = _collect(read_end, budget)
+    finally:
+        os.close(read_end)
+        status = _reap(pid)
+    return _conclude(reply, finished, status, budget)
+
+
+async def _wait_async(pid: int, read_end: int, budget: float) -> Rendered:
+    try:
+        reply, finished = await _collect_async(read_end, budget)
+    finally:
+        os.close(read_end)
+        status = _reap(pid)
+    return _conclude(reply, finished, status, budget)
+
+
+def _conclude(reply: bytes, finished: bool, status: int | None, budget: float) -> Rendered:
+    if not finished:
+        raise InspectionFailed(
+            f"the expression was still running after {budget:.3g}s: its snapshot was stopped "
+            "(nothing in the process changed)"
+        )
+    if reply[:1] == _VALUE:
+        return Rendered(reply[1:].decode("utf-8", "replace"))
+    if reply[:1] == _ERROR:
+        raise InspectionFailed(reply[1:].decode("utf-8", "replace"))
+    raise InspectionFailed(_death(status))
 
 
 @functools.cache
@@ -119,7 +153,8 @@ def _evaluate(ws: Workspace, names: Mapping[str, Any], expression: str) -> tuple
         return _ERROR, format_tool_error(exc, ws.error)
 
 
-def _in_snapshot(work: Any, budget: float) -> tuple[bytes, str]:
+def _start(work: Any) -> tuple[int, int]:
+    """Fork a child that runs ``work`` and replies; its pid and the pipe's read end."""
     read_end, write_end = os.pipe()  # close-on-exec: no subprocess of the parent keeps them
     with warnings.catch_warnings():
         # 3.12+ warns that fork() in a multi-threaded process may deadlock the child. This child
@@ -136,19 +171,7 @@ def _in_snapshot(work: Any, budget: float) -> tuple[bytes, str]:
         if pid == 0:
             _child(write_end, work)
     os.close(write_end)
-    try:
-        reply, finished = _collect(read_end, budget)
-    finally:
-        os.close(read_end)
-        status = _reap(pid)
-    if not finished:
-        raise InspectionFailed(
-            f"the expression was still running after {budget:.3g}s: its snapshot was stopped "
-            "(nothing in the process changed)"
-        )
-    if reply[:1] in (_VALUE, _ERROR):
-        return reply[:1], reply[1:].decode("utf-8", "replace")
-    raise InspectionFailed(_death(status))
+    return pid, read_end
 
 
 def _death(status: int | None) -> str:
@@ -181,6 +204,23 @@ def _collect(fd: int, budget: float) -> tuple[bytes, bool]:
             break
         chunks.append(chunk)
         size += len(chunk)
+    return b"".join(chunks), True
+
+
+async def _collect_async(fd: int, budget: float) -> tuple[bytes, bool]:
+    """``_collect`` without holding the event loop while the child works."""
+    chunks: list[bytes] = []
+    size = 0
+    with anyio.move_on_after(budget) as scope:
+        while size < _MAX_REPLY:
+            await anyio.wait_readable(fd)
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    if scope.cancelled_caught:
+        return b"", False
     return b"".join(chunks), True
 
 

@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -584,3 +585,21 @@ def test_the_audit_hook_defaults_cannot_be_mutated_in_place(world: World) -> Non
     ):
         attempt(world.workspace(), f"({mutate}, os.remove(victim))")
         assert unchanged(world) == [], mutate
+
+
+@fork_only
+@pytest.mark.anyio
+async def test_on_an_event_loop_the_snapshot_is_awaited_without_holding_the_loop(
+    world: World,
+) -> None:
+    order: list[str] = []
+
+    async def other_request() -> None:
+        order.append("other request served")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(other_request)
+        pending = world.workspace().inspect("(__import__('time').sleep(0.2), 'inspected')[1]")
+        assert inspect.isawaitable(pending)  # the bridge awaits it on the owner's loop
+        order.append(await pending)
+    assert order == ["other request served", "inspected"]
