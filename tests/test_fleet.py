@@ -166,31 +166,24 @@ def test_the_happy_path_imports_no_redis_and_starts_nothing() -> None:
 async def test_two_processes_one_agent_run_and_every_unit_replays(url: str) -> None:
     first, second = scripted(exec_step(PATCH), done_step("patched")), scripted()
     leader, other = app(url, first), app(url, second)
-
-    @leader.handler()
-    async def on_leader(i: int) -> int:
-        return transform(i)
-
-    @other.handler()
-    async def on_other(i: int) -> int:
-        await anyio.sleep(0.05)  # the leader's failure takes the lease first
-        return transform(i)
-
+    on_leader, on_other = async_jobs(leader, other)
     results: dict[int, int] = {}
-    reports: list[Any] = []
 
-    async def run(i: int) -> None:
-        results[i] = await (on_leader if i % 2 else on_other)(i)
+    async def run(job: Any, i: int) -> None:
+        results[i] = await job(i)
 
     with capture_logs() as logs:
         async with anyio.create_task_group() as tg:
-            for i in range(10):
-                tg.start_soon(run, i)
+            for i in range(1, 10, 2):
+                tg.start_soon(run, on_leader, i)
+            await _until(lambda: events(logs, "fleet.lease_taken"))  # the leader is known
+            for i in range(0, 10, 2):
+                tg.start_soon(run, on_other, i)
     close_fleet(leader, other)
     assert results == {i: i * 10 for i in range(10)}
     assert len(first.calls) == 2 and len(second.calls) == 0  # one agent run, two turns
     assert len(events(logs, "recovery.started")) == 1
-    reports = [e for e in events(logs, "recovery.succeeded")]
+    reports = events(logs, "recovery.succeeded")
     roles = sorted({e["fleet_role"] for e in reports})
     assert roles == ["leader", "waiter"]
     (taken,) = events(logs, "fleet.lease_taken")
