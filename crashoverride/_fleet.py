@@ -21,17 +21,29 @@ on in-process (``coordination.degraded``), and Redis is left alone for ``retry_a
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from . import _fixrecords, _log, _recipes
 from ._coordination import LEAD, InProcess, Joined
 from ._fleet_eager import Eager, announce
 from ._fleet_link import CONNECT_FACTOR, Link, Unavailable
+from ._fleet_scripts import (
+    ACQUIRE,
+    FAILED,
+    LAND,
+    MAX_WAKE,
+    OUTCOME_MS,
+    RENEW,
+    keys_for,
+    ms,
+    newer,
+    outcome_and_lease,
+    release,
+)
 from ._redis_coordination import RedisCoordination
 
 if TYPE_CHECKING:
@@ -39,51 +51,6 @@ if TYPE_CHECKING:
     from ._limits import Admission
     from ._recovery import Decision, Recovery
     from ._settings import Settings
-
-# KEYS: lease, fence. ARGV: holder, lease ms. -> {1, token} or {0, "token|holder" held}
-_ACQUIRE: Final = """
-local held = redis.call('GET', KEYS[1])
-if held then return {0, held} end
-local token = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], token .. '|' .. ARGV[1], 'PX', ARGV[2])
-return {1, tostring(token)}
-"""
-# KEYS: lease. ARGV: lease value, lease ms.
-_RENEW: Final = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-# KEYS: lease. ARGV: lease value.
-_RELEASE: Final = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-# KEYS: lease, fence, outcome, fix. ARGV: lease value, token, outcome, channel, signed record
-# or '', outcome ms, record ms. Fenced: nothing is written unless the token is the newest.
-_LAND: Final = """
-if tonumber(redis.call('GET', KEYS[2])) ~= tonumber(ARGV[2]) then return 0 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-if ARGV[5] ~= '' then redis.call('SET', KEYS[4], ARGV[5], 'PX', ARGV[7]) end
-redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[6])
-redis.call('PUBLISH', ARGV[4], ARGV[3])
-return 1
-"""
-# KEYS: fails, open. ARGV: window ms, threshold, cool-down ms.
-_FAILED: Final = """
-local n = redis.call('INCR', KEYS[1])
-if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-if n >= tonumber(ARGV[2]) then
-  redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
-  redis.call('DEL', KEYS[1])
-end
-return n
-"""
-_OUTCOME_MS: Final = 60_000  # an outcome only matters to the waiters of its episode
-_MAX_WAKE: Final = 1.0  # a waiter re-checks the lease at least this often (no hot polling)
-
-
-def _ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
 
 
 class _Lease:
@@ -169,19 +136,24 @@ class Fleet:
                               "fix": report.fix_record or None})  # fmt: skip
         keys, option, settings = lease.keys, self.option, rec.settings
         ran = rec.running
+        if not ran and not succeeded:
+            # No agent ran here (no free slot, say): that says nothing about the failure, so
+            # another process takes over rather than hearing "not recovered".
+            await self.link.run(lambda client: release(client, keys, lease.value))
+            return
 
         async def publish(client: Any) -> int:
             if ran:  # the fleet breaker learns the result of every agent run
                 if succeeded:
                     await client.delete(keys["fails"], keys["open"])
                 else:
-                    await client.eval(_FAILED, 2, keys["fails"], keys["open"],
-                                      _ms(settings.breaker_window), settings.breaker_threshold,
-                                      _ms(settings.breaker_cooldown))  # fmt: skip
+                    await client.eval(FAILED, 2, keys["fails"], keys["open"],
+                                      ms(settings.breaker_window), settings.breaker_threshold,
+                                      ms(settings.breaker_cooldown))  # fmt: skip
             landed: int = await client.eval(
-                _LAND, 4, keys["lease"], keys["fence"], keys["outcome"], keys["fix"],
-                lease.value, lease.token, outcome, keys["channel"], stored, _OUTCOME_MS,
-                _ms(option.record_ttl),
+                LAND, 4, keys["lease"], keys["fence"], keys["outcome"], keys["fix"],
+                lease.value, lease.token, outcome, keys["channel"], stored, OUTCOME_MS,
+                ms(option.record_ttl),
             )  # fmt: skip
             if landed and stored:
                 await announce(client, option, keys["fix"])  # for eager and late processes
@@ -207,17 +179,12 @@ class Fleet:
         lease.renewal.cancel()
         keys, value = lease.keys, lease.value
         # Hand the lease on now rather than make the waiters sit out its expiry.
-        self.link.fire(lambda client: client.eval(_RELEASE, 1, keys["lease"], value))
+        self.link.fire(lambda client: release(client, keys, value))
 
     # -- steps -------------------------------------------------------------------------------
 
     def keys(self, fingerprint: str) -> dict[str, str]:
-        # One hash tag per fingerprint: a Cluster keeps all of its keys in one slot, so every
-        # script touches one node.
-        tag = hashlib.sha256(fingerprint.encode()).hexdigest()[:20]
-        base = f"co:{self.option.namespace}:{{{tag}}}"
-        names = ("lease", "fence", "outcome", "fix", "fails", "open")
-        return {name: f"{base}:{name}" for name in names} | {"channel": f"{base}:done"}
+        return keys_for(self.option.namespace, fingerprint)
 
     async def _join(self, rec: Recovery, call: Dispatch) -> Joined:
         keys, option = self.keys(rec.fingerprint), self.option
@@ -233,14 +200,15 @@ class Fleet:
         if open_ms is not None and open_ms > 0:
             return Joined(False, skip=f"fleet circuit breaker open for this failure "
                                       f"({open_ms / 1000:.0f}s of cool-down left)")  # fmt: skip
-        rec.tag(fleet_role="replayed-fix")  # unless it leads or waits after all (below)
-        if stored is not None and await self._apply(rec, stored, call):
-            return Joined(False, True)
+        if stored is not None:
+            rec.tag(fleet_role="replayed-fix")  # unless it leads or waits after all (below)
+            if await self._apply(rec, stored, call):
+                return Joined(False, True)
         takeover = False
         while True:
             acquired, held = await self.link.run(
                 lambda client: client.eval(
-                    _ACQUIRE, 2, keys["lease"], keys["fence"], self.holder, _ms(option.lease)
+                    ACQUIRE, 2, keys["lease"], keys["fence"], self.holder, ms(option.lease)
                 )
             )
             if acquired:
@@ -277,7 +245,7 @@ class Fleet:
             while True:
                 await asyncio.sleep(option.lease / 3)
                 async with asyncio.timeout(option.lease / 3):
-                    if not await client.eval(_RENEW, 1, keys["lease"], value, _ms(option.lease)):
+                    if not await client.eval(RENEW, 1, keys["lease"], value, ms(option.lease)):
                         return
 
         renewal = self.link.submit(renew, None)
@@ -307,8 +275,8 @@ class Fleet:
         outcome = json.dumps({"token": token, "recovered": False, "fix": None})
         await self.link.run(
             lambda client: client.eval(
-                _LAND, 4, keys["lease"], keys["fence"], keys["outcome"], keys["fix"], value,
-                token, outcome, keys["channel"], "", _OUTCOME_MS, 1,
+                LAND, 4, keys["lease"], keys["fence"], keys["outcome"], keys["fix"], value,
+                token, outcome, keys["channel"], "", OUTCOME_MS, 1,
             )
         )  # fmt: skip
         return (
@@ -328,16 +296,16 @@ class Fleet:
                 await pubsub.subscribe(keys["channel"])
             while True:
                 async with asyncio.timeout(bound):
-                    raw, left_ms = await _outcome_and_lease(client, keys)
-                outcome = _newer(raw, token)
+                    raw, left_ms = await outcome_and_lease(client, keys)
+                outcome = newer(raw, token)
                 if outcome is not None:
                     return outcome
                 if left_ms == -2:  # no lease and no outcome: the holder is gone
                     return None
-                wake = min(_MAX_WAKE, max(left_ms, 0) / 1000 + 0.05)
+                wake = min(MAX_WAKE, max(left_ms, 0) / 1000 + 0.05)
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wake)
                 if message is not None:
-                    outcome = _newer(message.get("data"), token)
+                    outcome = newer(message.get("data"), token)
                     if outcome is not None:
                         return outcome
         finally:
@@ -371,21 +339,3 @@ class Fleet:
         rec.tag(fleet_role="degraded")
         _log.emit("warning", _log.COORDINATION_DEGRADED, reason=rec.redact(reason),
                   retry_after=self.option.retry_after, **rec.fields())  # fmt: skip
-
-
-async def _outcome_and_lease(client: Any, keys: dict[str, str]) -> list[Any]:
-    pipe = client.pipeline(transaction=False)
-    pipe.get(keys["outcome"])
-    pipe.pttl(keys["lease"])
-    found: list[Any] = await pipe.execute()
-    return found
-
-
-def _newer(raw: Any, token: int) -> dict[str, Any] | None:
-    if raw is None:
-        return None
-    try:
-        outcome = json.loads(raw)
-        return outcome if int(outcome["token"]) >= token else None
-    except (ValueError, KeyError, TypeError):
-        return None

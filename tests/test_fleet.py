@@ -587,3 +587,33 @@ def test_a_leader_that_lost_its_lease_cannot_publish(url: str) -> None:
         assert client.keys("co:unit:*:outcome") == [] and client.keys("co:unit:*:fix") == []
     finally:
         client.close()
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_leader_hands_the_lease_on_at_once(url: str) -> None:
+    hang = "import anyio\nawait anyio.sleep(30)"
+    leader = app(url, scripted(exec_step(hang)), lease=30)  # its lease would last 30 s
+    other_model = scripted(exec_step(PATCH), done_step("patched"))
+    other = app(url, other_model, lease=30)
+    on_leader, on_other = async_jobs(leader, other)
+    results: list[int] = []
+
+    async def cancelled_leader(scope: anyio.CancelScope) -> None:
+        with scope:
+            await on_leader(1)
+
+    async def run_other() -> None:
+        results.append(await on_other(2))
+
+    with capture_logs() as logs, anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            scope = anyio.CancelScope()
+            tg.start_soon(cancelled_leader, scope)
+            await _until(lambda: events(logs, "recovery.started"))
+            tg.start_soon(run_other)
+            await _until(lambda: _subscribers(url) == 1)
+            scope.cancel()
+    close_fleet(leader, other)
+    assert results == [20] and len(other_model.calls) == 2
+    taken = events(logs, "fleet.lease_taken")
+    assert [e["takeover"] for e in taken] == [False, True]

@@ -1,0 +1,89 @@
+"""The fleet's Redis layout and its scripts: one place that says what lives where.
+
+Every key of one fingerprint shares a hash tag (``{...}``), so a Redis Cluster keeps them in one
+slot and each script touches one node. Channels are not keys (Cluster broadcasts them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Final
+
+# KEYS: lease, fence. ARGV: holder, lease ms. -> {1, token} or {0, "token|holder" held}
+ACQUIRE: Final = """
+local held = redis.call('GET', KEYS[1])
+if held then return {0, held} end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token .. '|' .. ARGV[1], 'PX', ARGV[2])
+return {1, tostring(token)}
+"""
+# KEYS: lease. ARGV: lease value, lease ms.
+RENEW: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+# KEYS: lease. ARGV: lease value, channel. The waiters wake, find no lease and take over.
+RELEASE: Final = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], 'released')
+return 1
+"""
+# KEYS: lease, fence, outcome, fix. ARGV: lease value, token, outcome, channel, signed record
+# or '', outcome ms, record ms. Fenced: nothing is written unless the token is the newest.
+LAND: Final = """
+if tonumber(redis.call('GET', KEYS[2])) ~= tonumber(ARGV[2]) then return 0 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if ARGV[5] ~= '' then redis.call('SET', KEYS[4], ARGV[5], 'PX', ARGV[7]) end
+redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[6])
+redis.call('PUBLISH', ARGV[4], ARGV[3])
+return 1
+"""
+# KEYS: fails, open. ARGV: window ms, threshold, cool-down ms.
+FAILED: Final = """
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+if n >= tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+  redis.call('DEL', KEYS[1])
+end
+return n
+"""
+OUTCOME_MS: Final = 60_000  # an outcome only matters to the waiters of its episode
+MAX_WAKE: Final = 1.0  # a waiter re-checks the lease at least this often (no hot polling)
+
+
+def ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def keys_for(namespace: str, fingerprint: str) -> dict[str, str]:
+    """The keys (and the outcome channel) of one fingerprint in one namespace."""
+    tag = hashlib.sha256(fingerprint.encode()).hexdigest()[:20]
+    base = f"co:{namespace}:{{{tag}}}"
+    names = ("lease", "fence", "outcome", "fix", "fails", "open")
+    return {name: f"{base}:{name}" for name in names} | {"channel": f"{base}:done"}
+
+
+async def release(client: Any, keys: dict[str, str], value: str) -> int:
+    released: int = await client.eval(RELEASE, 1, keys["lease"], value, keys["channel"])
+    return released
+
+
+async def outcome_and_lease(client: Any, keys: dict[str, str]) -> list[Any]:
+    pipe = client.pipeline(transaction=False)
+    pipe.get(keys["outcome"])
+    pipe.pttl(keys["lease"])
+    found: list[Any] = await pipe.execute()
+    return found
+
+
+def newer(raw: Any, token: int) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        outcome = json.loads(raw)
+        return outcome if int(outcome["token"]) >= token else None
+    except (ValueError, KeyError, TypeError):
+        return None
