@@ -163,6 +163,28 @@ def test_the_happy_path_imports_no_redis_and_starts_nothing() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("backend", ["in-process", "redis"])
+async def test_both_backends_give_one_agent_run_for_a_burst(url: str, backend: str) -> None:
+    model = scripted(exec_step(PATCH), done_step("patched"))
+    coordination = fleet(url) if backend == "redis" else None
+    co = CrashOverride(model=model, timeout=20, coordination=coordination)
+    (job,) = async_jobs(co)
+    results: dict[int, int] = {}
+
+    async def run(i: int) -> None:
+        results[i] = await job(i)
+
+    with capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(run, i)
+    close_fleet(co)
+    assert results == {i: i * 10 for i in range(20)} and len(model.calls) == 2
+    roles = {e.get("fleet_role", "") for e in events(logs, "recovery.succeeded")}
+    assert roles == ({"leader", "waiter"} if backend == "redis" else {""})
+
+
+@pytest.mark.anyio
 async def test_two_processes_one_agent_run_and_every_unit_replays(url: str) -> None:
     first, second = scripted(exec_step(PATCH), done_step("patched")), scripted()
     leader, other = app(url, first), app(url, second)
