@@ -92,9 +92,11 @@ def install() -> bool:
     buffer = ctypes.create_string_buffer(code, len(code))
     program = _Program(len(code) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     libc = ctypes.CDLL(None, use_errno=True)
-    prctl = libc.prctl
-    prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
-                      ctypes.c_ulong)  # fmt: skip
-    if prctl(38, 1, None, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: required without CAP_SYS_ADMIN
+    libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                           ctypes.c_ulong)  # fmt: skip
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: required without CAP_SYS_ADMIN
         return False
-    return bool(prctl(22, 2, ctypes.addressof(program), 0, 0) == 0)  # PR_SET_SECCOMP, FILTER
+    # seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, ...): for every thread of
+    # the child, also one an after-fork handler started, not only the calling one.
+    libc.syscall.argtypes = (ctypes.c_long, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_void_p)
+    return bool(libc.syscall(317, 1, 1, ctypes.addressof(program)) == 0)

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -603,3 +603,32 @@ async def test_on_an_event_loop_the_snapshot_is_awaited_without_holding_the_loop
         assert inspect.isawaitable(pending)  # the bridge awaits it on the owner's loop
         order.append(await pending)
     assert order == ["other request served", "inspected"]
+
+
+_AFTER_FORK: list[Callable[[], None]] = []  # run in every forked child while a test sets it
+os.register_at_fork(after_in_child=lambda: [hook() for hook in _AFTER_FORK])
+
+
+@fork_only
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the seccomp filter is x86-64's")
+def test_a_thread_an_after_fork_handler_started_is_filtered_too(world: World) -> None:
+    ready, done = threading.Event(), threading.Event()
+    outcome: list[str] = []
+
+    def library_thread() -> None:  # e.g. a client library restarting its sender after fork
+        ready.wait(5)
+        try:
+            os.mkfifo(world.target)  # no audit event: only the kernel filter can refuse it
+            outcome.append("created")
+        except OSError as exc:
+            outcome.append(exc.strerror or "")
+        done.set()
+
+    _AFTER_FORK.append(lambda: threading.Thread(target=library_thread, daemon=True).start())
+    try:
+        world.caller.update(ready=ready, done=done, outcome=outcome)
+        text = attempt(world.workspace(), "(ready.set(), done.wait(5), outcome)[2]")
+    finally:
+        _AFTER_FORK.clear()
+    assert text == "['Operation not permitted']"
+    assert not world.target.exists()
