@@ -89,6 +89,19 @@ def async_jobs(*apps: CrashOverride) -> list[Any]:
     return jobs
 
 
+async def gather(calls: list[tuple[Any, int]]) -> dict[int, int]:
+    """Protected calls run concurrently: their results by argument."""
+    results: dict[int, int] = {}
+
+    async def one(job: Any, i: int) -> None:
+        results[i] = await job(i)
+
+    async with anyio.create_task_group() as tg:
+        for job, i in calls:
+            tg.start_soon(one, job, i)
+    return results
+
+
 def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [entry for entry in logs if entry["event"] == name]
 
@@ -169,15 +182,8 @@ async def test_both_backends_give_one_agent_run_for_a_burst(url: str, backend: s
     coordination = fleet(url) if backend == "redis" else None
     co = CrashOverride(model=model, timeout=20, coordination=coordination)
     (job,) = async_jobs(co)
-    results: dict[int, int] = {}
-
-    async def run(i: int) -> None:
-        results[i] = await job(i)
-
     with capture_logs() as logs:
-        async with anyio.create_task_group() as tg:
-            for i in range(20):
-                tg.start_soon(run, i)
+        results = await gather([(job, i) for i in range(20)])
     close_fleet(co)
     assert results == {i: i * 10 for i in range(20)} and len(model.calls) == 2
     roles = {e.get("fleet_role", "") for e in events(logs, "recovery.succeeded")}
