@@ -128,8 +128,7 @@ class Fleet:
             record = _fixrecords.make(
                 fingerprint=rec.fingerprint, targets=changes, recovery_id=rec.id,
                 approved_by=_fixrecords.approved_by(list(report.tool_calls), rec.settings.approve),
-                recipe=recipe.snippets if recipe is not None else (),
-                turns=recipe.turns if recipe is not None else 0,
+                recipe=recipe.snippets if recipe is not None else (), turns=report.turns,
             )  # fmt: skip
             stored = _fixrecords.sign(record, self.option.key)
         outcome = json.dumps({"token": lease.token, "recovered": succeeded,
@@ -330,7 +329,7 @@ class Fleet:
             self.local.limits.recipes.save(rec.fingerprint, recipe)
         if not changed:
             return False  # this process runs the fix already: it did not help here
-        rec.tag(fix_record=str(record.get("id", "")))
+        rec.tag(fix_record=str(record.get("id", "")), model_calls_saved=record.get("turns", 0))
         _log.emit("info", _log.FIX_APPLIED, targets=changed, **rec.fields())
         return True
 

@@ -251,6 +251,7 @@ def test_a_process_started_after_the_fix_handles_the_bug_with_no_model_call(url:
     assert report.fix_record.startswith("fix_")
     (applied,) = events(logs, "fleet.fix_applied")
     assert applied["targets"] == [f"{__name__}.transform"]
+    assert applied["model_calls_saved"] == 2  # the leader's two model turns
 
 
 def _stored_fix(url: str) -> tuple[redis.Redis, str, dict[str, Any]]:
