@@ -48,8 +48,9 @@ def _number(name: str, value: object, *, upper: float = math.inf) -> float:
 class RedisCoordination:
     """Coordinate recoveries across processes (a fleet) through Redis.
 
-    Pass it as ``CrashOverride(coordination=RedisCoordination(...))``. Then one failure
-    fingerprint runs at most one agent fleet-wide at a time; the other processes wait for its
+    Pass it as ``CrashOverride(coordination=RedisCoordination(...))``. Then (with
+    ``single_flight=True``, the default) one failure fingerprint runs at most one agent
+    fleet-wide at a time; the other processes wait for its
     outcome and replay their unit; a recovery that changed code publishes a signed fix record
     the others apply before replaying (see README, "Running a fleet").
 
