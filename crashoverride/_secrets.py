@@ -54,51 +54,101 @@ def is_secret_name(name: str) -> bool:
     return bool(secret.search(name)) and not ordinary.search(name)
 
 
-_KEY_NAME = r"[A-Za-z_][A-Za-z0-9_.-]{0,60}"
+# Possessive: a shorter name is always followed by a name character, never a separator.
+_KEY_NAME = r"[A-Za-z_][A-Za-z0-9_.-]{0,60}+"
+
+
+# The alternatives of the one pattern, in priority order, each with what a text must contain
+# for it to match there at all. Scanning with every alternative costs ~200 ns a character
+# (most positions start an identifier the assignment branch must try); a text lacking an
+# alternative's guard is scanned without it, which finds exactly the same secrets.
+def _alternatives() -> list[tuple[str, Callable[[str], bool]]]:
+    parts = [
+        # PEM private keys: a whole block, or what a clipped repr left of one.
+        r"(?P<pem>-----BEGIN[A-Z0-9 ]{0,30} PRIVATE KEY( BLOCK)?-----"
+        r"(?:[\s\S]{0,20000}?-----END[A-Z0-9 ]{0,30} PRIVATE KEY( BLOCK)?-----"
+        r"|(?:[A-Za-z0-9+/=\s:,-]|\\[nr])*+))",
+        r"(?P<pemtail>(?<![A-Za-z0-9+/=])(?:[A-Za-z0-9+/=]|\\[nr]|\n){16,}+"
+        r"-----END[A-Z0-9 ]{0,30} PRIVATE KEY( BLOCK)?-----)",
+        # Provider key formats, each behind its literal prefix.
+        r"(?P<token>(?<![A-Za-z0-9])(?:"
+        r"sk-(?:proj|ant|svcacct|admin)-[A-Za-z0-9_-]{16,}"
+        r"|sk-(?=[A-Za-z0-9]*[0-9])(?=[A-Za-z0-9]*[A-Za-z])[A-Za-z0-9]{20,}"
+        r"|(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
+        r"|glpat-[A-Za-z0-9_-]{20,}"
+        r"|xox[abposre]-[A-Za-z0-9-]{10,}"
+        r"|(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}|whsec_[A-Za-z0-9+/=]{16,}"
+        r"|(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}"
+        r"|AIza[0-9A-Za-z_-]{30,}"
+        r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"
+        r")(?![A-Za-z0-9]))",
+        # Webhook URLs are credentials by themselves: keep the host, mask the path.
+        r"(?P<hook>https://hooks\.slack\.com/(?:services|workflows|triggers)/)"
+        r"(?P<hookpath>[A-Za-z0-9/_-]{8,})",
+        # ``scheme://user:password@host``: mask the password only.
+        r"(?P<userinfo>\b[A-Za-z][A-Za-z0-9+.-]{1,20}://[^\s:/@'\"<>]{0,80}:)"
+        r"(?P<password>[^\s/@'\"<>]{1,200})(?=@)",
+        # ``Authorization: Bearer <token>`` / ``Basic <base64 of user:password>``.
+        r"(?P<scheme>\b(?:[Bb]earer|[Tt]oken|[Bb]asic)\s+)(?P<credential>[A-Za-z0-9._~+/-]{8,}=*)",
+        # ``name=value``, ``name: value``, ``"name": "value"`` with a secret-looking name.
+        rf"(?P<assign>(?<![A-Za-z0-9_.-])(?P<qk>['\"]?)(?P<key>{_KEY_NAME})(?P=qk)\s{{0,3}}(?::|=>?)\s{{0,3}})"
+        # The value is looked ahead at, not consumed: when the name is ordinary the scan
+        # goes on inside the value (``cfg = "token=ghp_..."``) in linear time.
+        r"(?=(?P<q>['\"])(?P<quoted>[^'\"\s]{1,500})(?P=q)"
+        # (never ``Bearer``/``Basic`` as a bare value: the credential after it is)
+        r"|(?!(?:[Bb]earer|[Bb]asic|[Tt]oken)\s)(?P<bare>[^\s'\",;&)}\]<>(\[]{1,500}+)(?![(\[]))",
+    ]
+    names = ("pem", "pemtail", "token", "hook", "userinfo", "scheme", "assign")
+    assert len(parts) == len(names)
+    guards: dict[str, Callable[[str], bool]] = {
+        "pem": lambda text: "-----BEGIN" in text,
+        "pemtail": lambda text: "-----END" in text,
+        "token": lambda text: any(prefix in text for prefix in _TOKEN_PREFIXES),
+        "hook": lambda text: "hooks.slack.com/" in text,
+        "userinfo": lambda text: "://" in text and "@" in text,
+        "scheme": lambda text: any(word in text for word in ("earer", "oken", "asic")),
+        "assign": lambda text: ":" in text or "=" in text,
+    }
+    return [(part, guards[name]) for part, name in zip(parts, names, strict=True)]
+
+
+# Every literal a provider key format begins with (see the ``token`` alternative).
+_TOKEN_PREFIXES = (
+    "sk-", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "xox", "_live_",
+    "_test_", "whsec_", "AKIA", "ASIA", "ABIA", "ACCA", "AIza", "eyJ",
+)  # fmt: skip
 
 
 @functools.cache
-def _pattern() -> re.Pattern[str]:
-    # Compiled on first use (~3 ms), never by ``import crashoverride``.
+def _compiled(chosen: tuple[int, ...]) -> re.Pattern[str]:
+    # Compiled on first use (~3 ms for all of them), never by ``import crashoverride``.
+    alternatives = _alternatives()
+    return re.compile("|".join(alternatives[i][0] for i in chosen))
+
+
+def _pattern_for(text: str, default_names: bool) -> re.Pattern[str] | None:
+    """The pattern with only the alternatives that can match somewhere in ``text``."""
+    chosen = tuple(i for i, (_, guard) in enumerate(_alternatives_cached()) if guard(text))
+    assign = len(_alternatives_cached()) - 1
+    # Under the built-in name rule an assignment is a secret only if its name holds one of
+    # the secret words, so a text with none of them needs no assignment branch.
+    if default_names and chosen and chosen[-1] == assign and not _hints().search(text):
+        chosen = chosen[:-1]
+    return _compiled(chosen) if chosen else None
+
+
+@functools.cache
+def _hints() -> re.Pattern[str]:
+    # ``_SECRET_WORDS`` without its anchors (they apply to a whole name, not to a text).
     return re.compile(
-        "|".join(
-            [
-                # PEM private keys: a whole block, or what a clipped repr left of one.
-                r"(?P<pem>-----BEGIN[A-Z0-9 ]{0,30} PRIVATE KEY( BLOCK)?-----"
-                r"(?:[\s\S]{0,20000}?-----END[A-Z0-9 ]{0,30} PRIVATE KEY( BLOCK)?-----"
-                r"|(?:[A-Za-z0-9+/=\s:,-]|\\[nr])*+))",
-                r"(?P<pemtail>(?<![A-Za-z0-9+/=])(?:[A-Za-z0-9+/=]|\\[nr]|\n){16,}+"
-                r"-----END[A-Z0-9 ]{0,30} PRIVATE KEY( BLOCK)?-----)",
-                # Provider key formats, each behind its literal prefix.
-                r"(?P<token>(?<![A-Za-z0-9])(?:"
-                r"sk-(?:proj|ant|svcacct|admin)-[A-Za-z0-9_-]{16,}"
-                r"|sk-(?=[A-Za-z0-9]*[0-9])(?=[A-Za-z0-9]*[A-Za-z])[A-Za-z0-9]{20,}"
-                r"|(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
-                r"|glpat-[A-Za-z0-9_-]{20,}"
-                r"|xox[abposre]-[A-Za-z0-9-]{10,}"
-                r"|(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}|whsec_[A-Za-z0-9+/=]{16,}"
-                r"|(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}"
-                r"|AIza[0-9A-Za-z_-]{30,}"
-                r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"
-                r")(?![A-Za-z0-9]))",
-                # Webhook URLs are credentials by themselves: keep the host, mask the path.
-                r"(?P<hook>https://hooks\.slack\.com/(?:services|workflows|triggers)/)"
-                r"(?P<hookpath>[A-Za-z0-9/_-]{8,})",
-                # ``scheme://user:password@host``: mask the password only.
-                r"(?P<userinfo>\b[A-Za-z][A-Za-z0-9+.-]{1,20}://[^\s:/@'\"<>]{0,80}:)"
-                r"(?P<password>[^\s/@'\"<>]{1,200})(?=@)",
-                # ``Authorization: Bearer <token>`` / ``Basic <base64 of user:password>``.
-                r"(?P<scheme>\b(?:[Bb]earer|[Tt]oken|[Bb]asic)\s+)(?P<credential>[A-Za-z0-9._~+/-]{8,}=*)",
-                # ``name=value``, ``name: value``, ``"name": "value"`` with a secret-looking name.
-                rf"(?P<assign>(?<![A-Za-z0-9_.-])(?P<qk>['\"]?)(?P<key>{_KEY_NAME})(?P=qk)\s{{0,3}}(?::|=>?)\s{{0,3}})"
-                # The value is looked ahead at, not consumed: when the name is ordinary the scan
-                # goes on inside the value (``cfg = "token=ghp_..."``) in linear time.
-                r"(?=(?P<q>['\"])(?P<quoted>[^'\"\s]{1,500})(?P=q)"
-                # (never ``Bearer``/``Basic`` as a bare value: the credential after it is)
-                r"|(?!(?:[Bb]earer|[Bb]asic|[Tt]oken)\s)(?P<bare>[^\s'\",;&)}\]<>(\[]{1,500}+)(?![(\[]))",
-            ]
-        )
+        r"pass|pwd|secret|token|key|pat|auth|cookie|credential|session|signature|dsn",
+        re.IGNORECASE,
     )
+
+
+@functools.cache
+def _alternatives_cached() -> tuple[tuple[str, Callable[[str], bool]], ...]:
+    return tuple(_alternatives())
 
 
 _DOTTED = r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*"
@@ -156,7 +206,10 @@ def spans(
 ) -> Iterator[tuple[int, int]]:
     """The (start, end) of every secret value in ``text``, in order, never overlapping."""
     last = 0
-    for match in _pattern().finditer(text):
+    pattern = _pattern_for(text, is_secret is is_secret_name)
+    if pattern is None:
+        return
+    for match in pattern.finditer(text):
         found = _span(match, text, is_secret)
         if found is not None and found[0] >= last:
             yield found
@@ -167,24 +220,27 @@ def _span(
     match: re.Match[str], text: str, is_secret: Callable[[str], bool]
 ) -> tuple[int, int] | None:
     """Where the secret of one match is, if it is one."""
-    if match["pem"] is not None or match["pemtail"] is not None or match["token"] is not None:
+    # A pattern may hold only some alternatives: absent groups read as None.
+    group = match.groupdict().get
+    if group("pem") is not None or group("pemtail") is not None or group("token") is not None:
         return match.span()
-    if match["hookpath"] is not None:
+    if group("hookpath") is not None:
         return match.span("hookpath")
-    if match["password"] is not None:
-        return None if match["password"].startswith("[REDACTED") else match.span("password")
-    if match["credential"] is not None:
-        credential = match["credential"]
-        basic = match["scheme"].strip().lower() == "basic"
+    password = group("password")
+    if password is not None:
+        return None if password.startswith("[REDACTED") else match.span("password")
+    credential = group("credential")
+    if credential is not None:
+        basic = str(group("scheme")).strip().lower() == "basic"
         if random_looking(credential) or (basic and _basic_credentials(credential)):
             return match.span("credential")
         return None
-    quoted = match["quoted"] is not None
+    quoted = group("quoted") is not None
     name = "quoted" if quoted else "bare"
     start = match.start()
     # A bare value right after ``?``/``&`` is a query string or form body, not code.
     bare_context = start > 0 and text[start - 1] in "?&"
-    if _assignment_secret(match["key"], match[name], quoted, bare_context, is_secret):
+    if _assignment_secret(str(group("key")), str(group(name)), quoted, bare_context, is_secret):
         return match.span(name)
     return None
 

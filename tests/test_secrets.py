@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import types
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pydantic
 import pytest
 
-from crashoverride import Redaction
+from crashoverride import Redaction, _secrets
 from crashoverride._masking import secret_values
 from crashoverride._redact import MASK, Redactor
 from crashoverride._secrets import is_secret_name, mask
@@ -285,3 +286,28 @@ def test_a_cut_never_leaves_half_a_key(limit: int, side: str) -> None:
 def test_policy_patterns_keep_their_case_insensitivity() -> None:
     redact = Redactor((), Redaction(patterns=[r"tenant-[0-9]{4}"]))
     assert redact("TENANT-1234 and tenant-5678") == f"{MASK} and {MASK}"
+
+
+def _all_alternatives_spans(text: str) -> list[tuple[int, int]]:
+    """``spans`` as the pattern with every alternative finds them (no guard left any out)."""
+    full = _secrets._compiled(tuple(range(len(_secrets._alternatives_cached()))))
+    found: list[tuple[int, int]] = []
+    for match in full.finditer(text):
+        span = _secrets._span(match, text, _secrets.is_secret_name)
+        if span is not None and (not found or span[0] >= found[-1][1]):
+            found.append(span)
+    return found
+
+
+def test_guards_only_leave_out_alternatives_that_could_not_match() -> None:
+    # The scan skips alternatives whose literal a text lacks; it must find exactly what the
+    # whole pattern finds: over this project's own source (planted test secrets included).
+    root = Path(__file__).resolve().parents[1]
+    chunks = 0
+    for path in sorted([*root.glob("crashoverride/**/*.py"), *root.glob("tests/**/*.py")]):
+        source = path.read_text()
+        for start in range(0, len(source), 2000):
+            chunk = source[start : start + 2000]
+            assert list(_secrets.spans(chunk)) == _all_alternatives_spans(chunk), path
+            chunks += 1
+    assert chunks > 300
