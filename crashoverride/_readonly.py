@@ -223,7 +223,7 @@ def _method(receiver: Any, name: str, args: list[Any], kwargs: dict[str, Any]) -
         receiver, kind = {key: receiver[key] for key in receiver}, dict
     allowed = next((names for k, names in _METHODS.items() if kind is k), frozenset())
     if name not in allowed:
-        raise refuse(f"calling {describe(receiver)}.{name}() is not allowed")
+        raise refuse(f"calling {name}() on {describe(receiver)} is not allowed")
     if not is_plain(receiver) and (name in ("count", "index") or kind not in _SIZED):
         raise refuse(f"{name}() of a {describe(receiver)} may run its code")
     _require_plain(args, kwargs)

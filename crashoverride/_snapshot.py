@@ -30,8 +30,9 @@ another thread held at the fork stays held in the child: an expression that need
 until the deadline kills the child.
 
 Fork is used on Linux only (macOS frameworks are not fork-safe; Windows has no fork); elsewhere,
-with ``FORK_ENABLED`` off, or when a fork fails (no memory or processes left), the static
-evaluator of ``_readonly`` runs instead.
+with ``FORK_ENABLED`` off, when a fork fails (no memory or processes left) or when a child
+cannot be cut off (no ``/proc``; a kernel that refuses the filter), the static evaluator of
+``_readonly`` runs instead: a child that is not confined evaluates nothing.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import signal
 import sys
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
@@ -63,7 +64,7 @@ FORK_ENABLED = True
 UNBOUNDED_CAP = 30.0  # seconds one inspection may run when the recovery has no deadline
 _MAX_REPLY = 256 * 1024  # bytes read from a child; the rendered result is far smaller
 _FILENAME = "<crashoverride-inspect>"
-_VALUE, _ERROR = b"V", b"E"
+_VALUE, _ERROR, _UNCONFINED = b"V", b"E", b"U"
 
 
 class Rendered(str):
@@ -89,36 +90,48 @@ def inspect_read_only(ws: Workspace, names: Mapping[str, Any], expression: str) 
 
     On a thread that runs an event loop the wait is a coroutine (the bridge awaits it), so
     the application goes on serving while the snapshot works, or hangs until the deadline.
+    Without a snapshot (no fork, or a child that could not be cut off) the static evaluator
+    answers instead.
     """
     budget = UNBOUNDED_CAP if ws.deadline is None else ws.deadline - time.monotonic()
     if budget <= 0:
         raise InspectionFailed("the recovery's time is up; the expression was not evaluated")
+
+    def static() -> Any:
+        from ._readonly import evaluate_plain
+
+        return evaluate_plain(expression, ws.globals, names)
+
     try:
         if not fork_usable():
             raise _NoSnapshot
         _warm_up()
         pid, read_end = _start(lambda: _evaluate(ws, names, expression))
     except _NoSnapshot:
-        from ._readonly import evaluate_plain
-
-        return evaluate_plain(expression, ws.globals, names)
+        return static()
     if loop_running_here():
-        return _wait_async(pid, read_end, budget)
+        return _wait_async(pid, read_end, budget, static)
     try:
-        reply, finished = _collect(read_end, budget)
-    finally:
-        os.close(read_end)
-        status = _reap(pid)
-    return _conclude(reply, finished, status, budget)
+        try:
+            reply, finished = _collect(read_end, budget)
+        finally:
+            os.close(read_end)
+            status = _reap(pid)
+        return _conclude(reply, finished, status, budget)
+    except _NoSnapshot:
+        return static()
 
 
-async def _wait_async(pid: int, read_end: int, budget: float) -> Rendered:
+async def _wait_async(pid: int, read_end: int, budget: float, static: Callable[[], Any]) -> Any:
     try:
-        reply, finished = await _collect_async(read_end, budget)
-    finally:
-        os.close(read_end)
-        status = _reap(pid)
-    return _conclude(reply, finished, status, budget)
+        try:
+            reply, finished = await _collect_async(read_end, budget)
+        finally:
+            os.close(read_end)
+            status = _reap(pid)
+        return _conclude(reply, finished, status, budget)
+    except _NoSnapshot:
+        return static()
 
 
 def _conclude(reply: bytes, finished: bool, status: int | None, budget: float) -> Rendered:
@@ -131,6 +144,8 @@ def _conclude(reply: bytes, finished: bool, status: int | None, budget: float) -
         return Rendered(reply[1:].decode("utf-8", "replace"))
     if reply[:1] == _ERROR:
         raise InspectionFailed(reply[1:].decode("utf-8", "replace"))
+    if reply[:1] == _UNCONFINED:
+        raise _NoSnapshot
     raise InspectionFailed(_death(status))
 
 
@@ -247,10 +262,7 @@ def _child(write_end: int, work: Any) -> NoReturn:
         try:
             confine(keep=write_end)
         except Exception as exc:  # never evaluate in a copy that is not cut off
-            kind, text = (
-                _ERROR,
-                f"the snapshot could not be isolated, nothing was evaluated: {exc!r}",
-            )
+            kind, text = _UNCONFINED, repr(exc)
         else:
             kind, text = work()
         reply = kind + text.encode("utf-8", "backslashreplace")

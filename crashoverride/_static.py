@@ -94,6 +94,8 @@ def describe(value: object) -> str:
     """How a refusal names ``value``: its class, or its own name for a class or function."""
     if is_type(value):
         return _QUALNAME(value)  # type: ignore[arg-type]
+    if type(value) is types.ModuleType:
+        return f"module {(instance_dict(value) or {}).get('__name__')}"
     for kind in (types.FunctionType, types.BuiltinFunctionType):
         if type(value) is kind:
             return f"{kind.__dict__['__qualname__'].__get__(value)}()"

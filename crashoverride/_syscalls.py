@@ -85,7 +85,11 @@ class _Program(ctypes.Structure):
 
 
 def install() -> bool:
-    """Install the filter in this process for good; False where it is not available."""
+    """Install the filter in this process for good; False on machines it is not written for.
+
+    Raises ``OSError`` where it should apply but the kernel refuses it: the snapshot is then
+    not used at all (``_snapshot``), rather than used with less than it promises.
+    """
     if platform.machine() not in ("x86_64", "AMD64"):
         return False
     code = _program(os.getpid())
@@ -94,9 +98,10 @@ def install() -> bool:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
                            ctypes.c_ulong)  # fmt: skip
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: required without CAP_SYS_ADMIN
-        return False
-    # seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, ...): for every thread of
-    # the child, also one an after-fork handler started, not only the calling one.
+    # PR_SET_NO_NEW_PRIVS (required without CAP_SYS_ADMIN), then seccomp(SET_MODE_FILTER,
+    # FILTER_FLAG_TSYNC): for every thread of the child, also one an after-fork handler
+    # started, not only the calling one.
     libc.syscall.argtypes = (ctypes.c_long, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_void_p)
-    return bool(libc.syscall(317, 1, 1, ctypes.addressof(program)) == 0)
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.syscall(317, 1, 1, ctypes.addressof(program)):
+        raise OSError(ctypes.get_errno(), "the kernel refused the seccomp filter")
+    return True
