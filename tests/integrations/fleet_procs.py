@@ -83,7 +83,7 @@ def create_app() -> Any:
     from starlette.responses import JSONResponse, PlainTextResponse
     from starlette.routing import Route
 
-    _quiet_structlog()
+    _quiet_structlog(sys.stdout if os.environ.get("FLEET_LOG") else None)
 
     async def price(request: Request) -> JSONResponse:
         item = request.query_params.get("item", "apple")

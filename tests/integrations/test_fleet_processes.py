@@ -144,18 +144,46 @@ def test_uvicorn_workers_run_one_agent_for_200_identical_failures() -> None:
         assert [r.status_code for r in responses] == [200] * 200
         assert all(r.json() == {"item": "apple", "price": 3} for r in responses)
         # A process started after the fix: the stored record repairs it, no model call.
-        later = subprocess.run(
-            [sys.executable, "-c",
-             "from starlette.testclient import TestClient\n"
-             "from tests.integrations.fleet_procs import create_app\n"
-             "with TestClient(create_app()) as client:\n"
-             "    print(client.get('/price', params={'item': 'pear'}).json())\n"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert later.returncode == 0, later.stderr
-        assert later.stdout.strip().splitlines()[-1] == "{'item': 'pear', 'price': 5}"
+        assert _later_process(env) == "200 {'item': 'pear', 'price': 5}"
+        mock.wait_served(3)
+        # The same with the stored record tampered with: refused and logged, the agent runs
+        # (and, the model's script being spent, the request fails as it would have).
+        _tamper(url, env["FLEET_NS"])
+        logged = _later_process({**env, "FLEET_LOG": "1"}, lines=True)
         mock.close()
-    assert agent_runs(mock.requests) == 1 and len(mock.requests) == 3  # fleet-wide
+    assert agent_runs(mock.requests[:3]) == 1  # fleet-wide, for 200 failures and a later process
+    assert agent_runs(mock.requests) == 2  # the tampered record's process had to ask the model
+    (refused,) = [json.loads(line) for line in logged if '"fleet.fix_refused"' in line]
+    assert "bad signature" in refused["reason"]
+    assert logged[-1].split()[0] == "500"
+
+
+def _later_process(env: dict[str, str], *, lines: bool = False) -> Any:
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "from starlette.testclient import TestClient\n"
+         "from tests.integrations.fleet_procs import create_app\n"
+         "with TestClient(create_app(), raise_server_exceptions=False) as client:\n"
+         "    answer = client.get('/price', params={'item': 'pear'})\n"
+         "    print(answer.status_code, answer.json() if answer.status_code == 200 else '')\n"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    output = done.stdout.strip().splitlines()
+    return output if lines else output[-1]
+
+
+def _tamper(url: str, namespace: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        (name,) = client.keys(f"co:{namespace}:*:fix")
+        envelope = json.loads(client.get(name) or b"")
+        envelope["record"]["targets"][0]["source"] = "def read_price(item):\n    return 0\n"
+        client.set(name, json.dumps(envelope))
+    finally:
+        client.close()
 
 
 # --------------------------------------------------------------- the leader dies mid-recovery
@@ -173,7 +201,7 @@ def test_a_killed_leader_is_taken_over_within_the_lease_plus_one_second() -> Non
                 text=True,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-            )  # fmt: skip
+            )
             for i in range(1, 4)
         ]
         outputs: dict[int, list[str]] = {}
