@@ -28,8 +28,11 @@ if TYPE_CHECKING:
 
 __all__ = ["agent_tools", "schema_of", "tool_failure"]  # tool_failure: _agent, tests
 
-_schemas: dict[str, Any] = {}  # tool name -> the SDK's FuncSchema, built once per process
-_schemas_lock = threading.Lock()  # recoveries on several loops/threads may build the first
+# tool name -> (the SDK's FuncSchema, a FunctionTool template), built once per process: the
+# SDK's FunctionTool makes its schema strict on construction (a deep walk, ~0.3 ms a tool), so
+# each recovery's tools reuse the template's strict schema.
+_built: dict[str, tuple[Any, Any]] = {}
+_built_lock = threading.Lock()  # recoveries on several loops/threads may build the first
 
 
 def agent_tools(job: AgentJob, gate: Gate) -> list[Any]:
@@ -84,13 +87,33 @@ def _call(tool: Tool, arguments: dict[str, Any]) -> ApprovalRequest:
 
 def schema_of(tool: Tool) -> Any:
     """The SDK's ``FuncSchema`` for ``tool`` (JSON schema + argument model), once per process."""
-    schema = _schemas.get(tool.name)
-    if schema is None:
-        with _schemas_lock:
-            schema = _schemas.get(tool.name)
-            if schema is None:
-                schema = _schemas[tool.name] = _build_schema(tool)
-    return schema
+    return _built_for(tool)[0]
+
+
+def _built_for(tool: Tool) -> tuple[Any, Any]:
+    built = _built.get(tool.name)
+    if built is None:
+        with _built_lock:
+            built = _built.get(tool.name)
+            if built is None:
+                schema = _build_schema(tool)
+                built = _built[tool.name] = (schema, _template(tool, schema))
+    return built
+
+
+def _template(tool: Tool, schema: Any) -> Any:
+    from agents import FunctionTool
+
+    async def unbound(ctx: Any, text: str) -> Any:
+        raise RuntimeError(f"the {tool.name} template is never run: recoveries make their own")
+
+    return FunctionTool(
+        name=tool.name,
+        description=tool.description,
+        params_json_schema=schema.params_json_schema,  # copied by FunctionTool: stays cached
+        on_invoke_tool=unbound,
+        strict_json_schema=True,
+    )
 
 
 def _build_schema(tool: Tool) -> Any:
@@ -116,10 +139,7 @@ def _build_schema(tool: Tool) -> Any:
 
 
 def _sdk_tool(tool: Tool, gate: Gate, bound: _Bound) -> Any:
-    from agents import FunctionTool
-    from agents.tool import set_function_tool_failure_error_function
-
-    schema = schema_of(tool)
+    schema, template = _built_for(tool)
 
     async def invoke(ctx: Any, text: str) -> Any:
         try:
@@ -138,13 +158,19 @@ def _sdk_tool(tool: Tool, gate: Gate, bound: _Bound) -> Any:
         # Code tools' results echo the process's data (values, pages, messages): fenced.
         return await gate.call(_call(tool, arguments), execute, data=tool.kind.runs_code)
 
+    from agents import FunctionTool
+    from agents.tool import set_function_tool_failure_error_function
+
+    # Built with the template's schema, already strict: constructing with strict=False skips
+    # the SDK's walk of it (``copy.copy`` would not: FunctionTool's ``__copy__`` re-runs it).
     made = FunctionTool(
         name=tool.name,
         description=tool.description,
-        params_json_schema=schema.params_json_schema,  # copied by FunctionTool: stays cached
+        params_json_schema=template.params_json_schema,  # shared: nothing mutates it
         on_invoke_tool=invoke,
-        strict_json_schema=True,
+        strict_json_schema=False,
     )
+    made.strict_json_schema = True  # what the model is told: the schema is strict
     # Failures the SDK produces itself (e.g. a tool call cancelled mid-turn) use it too.
     return set_function_tool_failure_error_function(made, tool_failure)
 

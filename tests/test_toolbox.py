@@ -230,7 +230,7 @@ def test_many_recoveries_build_each_schema_once(monkeypatch: pytest.MonkeyPatch)
     # ``function_tool`` (application tools) calls the name it imported into ``agents.tool``.
     monkeypatch.setattr(agents.function_schema, "function_schema", counting)
     monkeypatch.setattr(agents.tool, "function_schema", counting)
-    monkeypatch.setattr(_agent_tools, "_schemas", {})  # as in a fresh process
+    monkeypatch.setattr(_agent_tools, "_built", {})  # as in a fresh process
 
     def lookup_rate(currency: str) -> float:
         """The exchange rate of ``currency``."""
@@ -248,3 +248,34 @@ def test_many_recoveries_build_each_schema_once(monkeypatch: pytest.MonkeyPatch)
     assert [convert(n) for n in range(recoveries)] == list(range(recoveries))
     tools = ["eval_python", "exec_python", "give_up", "spawn_followup"]
     assert sorted(built) == sorted([*tools, "lookup_rate"])
+
+
+def test_built_in_tools_are_made_strict_once_not_per_recovery(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The SDK's FunctionTool makes its schema strict when constructed (a deep walk of it); a
+    # burst of recoveries must not pay that for every tool of every run.
+    import agents.tool
+
+    walked: list[int] = []
+    real = agents.tool.ensure_strict_json_schema
+
+    def counting(schema: Any) -> Any:
+        walked.append(1)
+        return real(schema)
+
+    monkeypatch.setattr(agents.tool, "ensure_strict_json_schema", counting)
+    monkeypatch.setattr(_agent_tools, "_built", {})  # as in a fresh process
+    recoveries = 4
+    steps = [(testing.exec_python(f"set_result({n})"), done()) for n in range(recoveries)]
+    co = CrashOverride(model=script(*(step for pair in steps for step in pair)),
+                       single_flight=False)  # fmt: skip
+
+    @co.handler()
+    def convert(n: int) -> int:
+        raise KeyError(n)
+
+    assert convert(0) == 0
+    after_first = len(walked)
+    assert [convert(n) for n in range(1, recoveries)] == list(range(1, recoveries))
+    assert after_first > 0 and len(walked) == after_first
