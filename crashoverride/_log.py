@@ -23,6 +23,8 @@ LOOP_BLOCKED = "recovery.loop_blocked"
 # A recipe (an earlier recovery's state repair) failed to run here: the agent runs instead.
 RECIPE_FAILED = "recovery.recipe_failed"
 CALLBACK_FAILED = "recovery.callback_failed"
+# A telemetry observer (OpenTelemetry, Sentry) raised: it is dropped for that recovery.
+OBSERVER_FAILED = "recovery.observer_failed"
 SOURCE_CHANGED = "recovery.source_changed"
 WARM_UP_FAILED = "recovery.warm_up_failed"
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _log
+from . import _log, _observe
 from ._block import Block
 from ._deadline import Deadline
 from ._limits import Flight, Limits
@@ -131,6 +131,7 @@ class Recovery:
             "model": settings.model_label,
             **block.fields,
         }
+        self.watch = _observe.start(self)  # here: the owner's context parents the span
 
     # -- events ----------------------------------------------------------------------------
 
@@ -144,6 +145,7 @@ class Recovery:
 
     def on_tool(self, record: ToolCallRecord) -> None:
         _log.emit("info", _log.TOOL_CALLED, **record.event_fields(), **self._fields)
+        self.watch.tool(record)
 
     def prepare(self) -> Any:
         """Step 4, run in the owner's thread: the agent's namespace and texts."""
@@ -276,6 +278,7 @@ class Recovery:
         )  # fmt: skip
         if not decision.recovered and self.exc is not None:
             add_note(self.exc, f"crashoverride: recovery {self.id} {outcome}: {report.reason}")
+        self.watch.finish(report, self.exc)  # after the note: the exception is as it leaves
         callback = self.settings.on_recovery
         if callback is not None:
             try:
@@ -303,6 +306,7 @@ class Recovery:
         """End a recovery that produced no decision (interrupted, cancelled, broken)."""
         if self._decision is None and self.trial:
             self.limits.breaker.abandon(self.fingerprint, self.trial)
+        self.watch.finish(None, self.exc)  # a no-op after a decision
         self._hand_on(False)
         self.release()
 

@@ -104,16 +104,16 @@ def settle(handler: Handler, outcome: Outcome | None, exc: BaseException) -> boo
 def skip(handler: Handler, exc: BaseException, reason: str, **fields: Any) -> None:
     """Record that ``exc`` is not recovered, and why, without running anything: one
     ``recovery.skipped`` event and a note on the exception."""
-    from . import _log
+    from . import _log, _observe
     from ._recovery import add_note, fingerprint
 
-    settings = handler.settings
+    name = handler.settings.name or fields.pop("kind", "block")
     _log.emit(
         "warning", _log.SKIPPED, reason=reason, fingerprint=fingerprint(exc),
-        exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-        handler=settings.name or fields.pop("kind", "block"), **fields,
+        exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}", handler=name, **fields,
     )  # fmt: skip
     add_note(exc, f"crashoverride: recovery skipped: {reason}")
+    _observe.skipped(name, reason)
 
 
 def redactor(handler: Handler) -> Redactor:
