@@ -164,7 +164,8 @@ class Fleet:
             self._degrade(rec, str(problem))
             return
         if not landed:
-            _log.emit("warning", _log.LEASE_LOST, token=lease.token, **rec.fields())
+            reason = "a newer leader took over: this outcome was not published"
+            _log.emit("warning", _log.LEASE_LOST, reason=reason, **rec.fields())
         elif stored:
             targets = [f"{c['module']}.{c['qualname']}" for c in changes]
             _log.emit("info", _log.FIX_PUBLISHED, targets=targets, **rec.fields())
@@ -238,20 +239,27 @@ class Fleet:
         if over is not None:
             return Joined(False, skip=over)
 
+        rec.tag(fleet_role="leader", fencing_token=token)
+        fields = rec.fields()
+
         async def renew(client: Any) -> None:
             import asyncio
 
-            while True:
-                await asyncio.sleep(option.lease / 3)
-                async with asyncio.timeout(option.lease / 3):
-                    if not await client.eval(RENEW, 1, keys["lease"], value, ms(option.lease)):
-                        return
+            try:
+                while True:
+                    await asyncio.sleep(option.lease / 3)
+                    async with asyncio.timeout(option.lease / 3):
+                        if not await client.eval(RENEW, 1, keys["lease"], value,
+                                                 ms(option.lease)):  # fmt: skip
+                            raise LookupError("the lease is held by another process now")
+            except Exception as problem:  # it may lapse: another process may take over
+                reason = f"renewing the lease failed: {type(problem).__name__}: {problem}"
+                _log.emit("warning", _log.LEASE_LOST, reason=reason[:300], **fields)
 
         renewal = self.link.submit(renew, None)
         with self._lock:
             self._leases[rec.id] = _Lease(keys, token, value, renewal)
-        rec.tag(fleet_role="leader", fencing_token=token)
-        _log.emit("info", _log.LEASE_TAKEN, takeover=takeover, **rec.fields())
+        _log.emit("info", _log.LEASE_TAKEN, takeover=takeover, **fields)
         return LEAD
 
     async def _over_budget(self, keys: dict[str, str], token: int, value: str) -> str | None:
