@@ -18,6 +18,7 @@ from ._handler import Handler
 from ._redact import Redaction
 
 if TYPE_CHECKING:
+    from ._eval import evaluate
     from ._redis_coordination import RedisCoordination
     from ._report import ApprovalRequest, RecoveryReport, SourceChange, ToolCallRecord, Usage
 
@@ -35,12 +36,17 @@ __all__ = [
     "ToolCallRecord",
     "Usage",
     "__version__",
+    "evaluate",
 ]
 
 _LAZY = {"ApprovalRequest", "RecoveryReport", "SourceChange", "ToolCallRecord", "Usage"}
 
 
 def __getattr__(name: str) -> Any:
+    if name == "evaluate":  # ``crashoverride eval`` from Python (README, "Choosing a model")
+        from ._eval import evaluate
+
+        return evaluate
     if name == "RedisCoordination":  # a description only: it never imports redis
         from ._redis_coordination import RedisCoordination
 

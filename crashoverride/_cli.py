@@ -137,6 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "follow-up queue")  # fmt: skip
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.set_defaults(run=doctor)
+    from ._eval._command import add_command as add_eval  # its code lives in _eval
+
+    add_eval(commands)
     args = parser.parse_args(argv)
     try:
         code = int(args.run(args))
