@@ -32,6 +32,10 @@ _REFUSED_PREFIXES = (
 )  # fmt: skip
 _WRITE_MODE = ("w", "a", "x", "+")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+# What may be opened even for reading: files and directories, and the devices that hand out
+# nothing anyone else waits for. Reading a pipe, a FIFO or a terminal takes the data from its
+# other reader: ``/proc/<pid>/fd/<n>`` reopens any pipe of the process.
+_HARMLESS_DEVICES = frozenset(os.makedev(1, minor) for minor in (3, 5, 8, 9))  # null zero random
 
 
 def confine(keep: int) -> None:
@@ -82,6 +86,9 @@ def _refuse(
     _prefixes: tuple[str, ...] = _REFUSED_PREFIXES,
     _write_mode: tuple[str, ...] = _WRITE_MODE,
     _write_flags: int = _WRITE_FLAGS,
+    _stat: Any = os.stat,
+    _oserror: type[Exception] = OSError,
+    _devices: frozenset[int] = _HARMLESS_DEVICES,
     _len: Any = len,
     _has: Any = str.__contains__,
     _starts: Any = str.startswith,
@@ -99,11 +106,22 @@ def _refuse(
         return
     refused = event in _refused or _starts(event, _prefixes)
     if event == "open" and _len(args) >= 3:
-        mode, flags = args[1], args[2]
+        path, mode, flags = args[0], args[1], args[2]
         refused = _type(flags) is _int and _and(flags, _write_flags) != 0
         if _type(mode) is _str:
             for letter in _write_mode:
                 refused = refused or _has(mode, letter)
+        if not refused and _type(path) is not _int:  # a path (str or bytes), not an own fd
+            try:
+                found = _stat(path)
+            except _oserror:
+                found = None  # the open fails by itself
+            if found is not None:
+                kind = _and(found.st_mode, 0o170000)
+                refused = not (
+                    kind == 0o100000 or kind == 0o040000
+                    or (kind == 0o020000 and found.st_rdev in _devices)
+                )  # fmt: skip
     elif event == "mmap.__new__" and _len(args) >= 1:
         refused = args[0] != -1  # a file mapping; anonymous memory stays in the copy
     if refused:

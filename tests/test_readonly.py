@@ -634,3 +634,18 @@ def test_a_thread_an_after_fork_handler_started_is_filtered_too(world: World) ->
         _AFTER_FORK.clear()
     assert text == "['Operation not permitted']"
     assert not world.target.exists()
+
+
+@fork_only
+def test_a_pipe_of_the_process_cannot_be_drained_through_proc(world: World) -> None:
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, b"job-1")
+        os.set_blocking(read_end, False)
+        world.caller["path"] = f"/proc/{os.getpid()}/fd/{read_end}"
+        text = attempt(world.workspace(), "open(path, 'rb').read(5)")
+        assert "refused" in text, text
+        assert os.read(read_end, 5) == b"job-1"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
