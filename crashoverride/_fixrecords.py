@@ -54,8 +54,17 @@ def _feed(sha: Any, code: types.CodeType) -> None:
             sha.update(repr(const).encode())
 
 
-def note(target: types.FunctionType, replaced: types.CodeType, source: str | None) -> None:
-    """``replace_function`` swapped ``target``'s code; remember it for the running recovery."""
+def note(
+    target: types.FunctionType,
+    replaced: types.CodeType,
+    source: str | None,
+    *,
+    new: types.CodeType | None = None,
+    kind: str = "replace",
+) -> None:
+    """Agent code changed ``target`` (``replace_function`` swapped its code, ``kind``
+    "replace"; ``rebind_everywhere`` rebound it to a function running ``new``, "rebind"):
+    remember it for the running recovery's fix record."""
     from ._pipeline import current_recovery
 
     recovery_id = current_recovery()
@@ -63,7 +72,8 @@ def note(target: types.FunctionType, replaced: types.CodeType, source: str | Non
     if recovery_id is None or source is None or "<locals>" in qualname:
         return  # not agent code, or a target no other process can name
     change = {"module": target.__module__, "qualname": qualname, "code_hash": digest(replaced),
-              "new_hash": digest(target.__code__), "source": source}  # fmt: skip
+              "new_hash": digest(new or target.__code__), "source": source,
+              "kind": kind}  # fmt: skip
     with _lock:
         changes = _pending.setdefault(recovery_id, {})
         first = changes.get(f"{target.__module__}:{qualname}")
@@ -174,12 +184,16 @@ def check(record: dict[str, Any]) -> list[tuple[types.FunctionType, dict[str, st
 
 
 def apply(todo: list[tuple[types.FunctionType, dict[str, str]]]) -> list[str]:
-    """Swap in each new source (``replace_function``); the names changed."""
-    from ._patching import replace_function
+    """Make each change as the recovery did (``replace_function`` or ``rebind_everywhere``);
+    the names changed."""
+    from ._patching import _as_function, rebind_everywhere, replace_function
 
     changed = []
     for function, target in todo:
-        replace_function(function, str(target["source"]))
+        if target.get("kind") == "rebind":
+            rebind_everywhere(function, _as_function(str(target["source"]), function.__globals__))
+        else:
+            replace_function(function, str(target["source"]))
         changed.append(f"{target['module']}.{target['qualname']}")
     return changed
 

@@ -144,6 +144,10 @@ def rebind_everywhere(old: Any, new: Any) -> list[str]:
                     if member is old:
                         setattr(value, attr, new)
                         changed.append(f"{name}.{key}.{attr}")
+    if changed and isinstance(old, types.FunctionType) and isinstance(new, types.FunctionType):
+        from ._fixrecords import note
+
+        note(old, old.__code__, _source_of(new), new=new.__code__, kind="rebind")
     return changed
 
 

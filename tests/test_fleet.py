@@ -40,11 +40,21 @@ ORIGINAL = transform.__code__
 RELEASE = threading.Event()  # agent code of a test waits for it
 
 
+# In a dict: rebind_everywhere() rebinds module globals, and this must stay the original.
+DEPLOYED = {"transform": transform}
+
+
+def as_deployed() -> None:
+    """The code as a process that was never fixed has it (rebound names included)."""
+    globals()["transform"] = DEPLOYED["transform"]
+    DEPLOYED["transform"].__code__ = ORIGINAL
+
+
 @pytest.fixture(autouse=True)
 def _fresh_code() -> Iterator[None]:
-    transform.__code__ = ORIGINAL  # every test starts as a process that was never fixed
+    as_deployed()  # every test starts as a process that was never fixed
     yield
-    transform.__code__ = ORIGINAL
+    as_deployed()
 
 
 @pytest.fixture
@@ -72,7 +82,7 @@ def fixed_elsewhere(url: str) -> CrashOverride:
         return transform(i)
 
     assert job(1) == 10
-    transform.__code__ = ORIGINAL
+    as_deployed()
     return leader
 
 
@@ -230,7 +240,7 @@ def test_a_process_started_after_the_fix_handles_the_bug_with_no_model_call(url:
         return transform(i)
 
     assert job(2) == 20
-    transform.__code__ = ORIGINAL  # a new process: the code as deployed
+    as_deployed()  # a new process: the code as deployed
     later_model = scripted()
     later = CrashOverride(model=later_model, coordination=fleet(url), on_recovery=seen.append)
 
@@ -252,6 +262,35 @@ def test_a_process_started_after_the_fix_handles_the_bug_with_no_model_call(url:
     (applied,) = events(logs, "fleet.fix_applied")
     assert applied["targets"] == [f"{__name__}.transform"]
     assert applied["model_calls_saved"] == 2  # the leader's two model turns
+
+
+def test_a_rebinding_fix_reaches_a_later_process(url: str) -> None:
+    rebind = (
+        "def transform(value):\n    return value * 10\n"
+        "rebind_everywhere(globals()['transform'], transform)\n"
+        "rerun()"
+    )
+    leader = app(url, scripted(exec_step(rebind), done_step("rebound")))
+
+    @leader.handler()
+    def job(i: int) -> int:
+        return transform(i)
+
+    assert job(1) == 10 and transform is not DEPLOYED["transform"]
+    as_deployed()
+    later_model = scripted()
+    later = app(url, later_model)
+
+    @later.handler()
+    def later_job(i: int) -> int:
+        return transform(i)
+
+    with capture_logs() as logs:
+        assert later_job(3) == 30
+    close_fleet(leader, later)
+    assert len(later_model.calls) == 0 and transform is not DEPLOYED["transform"]
+    assert DEPLOYED["transform"].__code__ is ORIGINAL  # rebound, not swapped
+    assert events(logs, "fleet.fix_applied")[0]["targets"] == [f"{__name__}.transform"]
 
 
 def _stored_fix(url: str) -> tuple[redis.Redis, str, dict[str, Any]]:
