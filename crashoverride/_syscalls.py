@@ -7,8 +7,8 @@ kernel answer ``EPERM`` to system calls that change files, start or signal other
 or talk to the network: opening for writing, creating, renaming, removing and changing files,
 ``socket``/``connect``/``sendto``, ``execve``, ``fork`` (``clone`` without ``CLONE_THREAD``),
 signals to another process, ``ptrace`` and writes into other processes' memory, changing
-another process's priority, CPU affinity or limits, and system settings (clock, host name,
-modules, mounts).
+another process's priority, CPU affinity or limits, taking file locks or messages others wait
+for, typing into a terminal, and system settings (clock, host name, modules, mounts, keys).
 
 The system call numbers are x86-64's; on other machines ``install`` does nothing and the audit
 hook alone applies.
@@ -40,11 +40,13 @@ _REFUSED = (
     101, 311, 440,  # ptrace, process_vm_writev, process_madvise
     30, 69, 65, 220, 425, 321, 165, 166,  # shmat, msgsnd, semop x2, io_uring, bpf, (u)mount
     227, 164, 159, 305, 170, 171, 169, 167, 168, 175, 313, 176, 246, 320, 163, 103,  # the system
+    73, 70, 240, 241, 248, 249, 250,  # flock, msgrcv, mq_open/unlink, keys: others' state
 )
 _UNAVAILABLE = (435, 437)  # clone3, openat2: their flags are out of a filter's reach
 # (syscall, argument index, flags that refuse it when set) and (syscall, argument, allowed when set)
 _REFUSED_WITH = ((2, 1, _WRITE_FLAGS), (257, 2, _WRITE_FLAGS))  # open, openat
 _ALLOWED_WITH = ((56, 0, _CLONE_THREAD),)  # clone: a thread, not a process
+_REFUSED_EQUAL = ((16, 1, 0x5412),)  # ioctl(TIOCSTI): typing into a terminal
 # (syscall, argument): allowed only for this process (0 or its pid): tgkill (``raise()``),
 # setpriority, sched_setscheduler, sched_setaffinity, ioprio_set, prlimit64.
 _THIS_PROCESS_ONLY = ((234, 0), (141, 1), (144, 0), (203, 0), (251, 1), (302, 0))
@@ -73,6 +75,9 @@ def _program(own_pid: int) -> bytes:
     for number, index, flags in _ALLOWED_WITH:
         ops += [_op(_JEQ, number, 0, 4), _op(_LD, _arg(index)), _op(_JSET, flags, 0, 1),
                 _op(_RET, _ALLOW), _op(_RET, _EPERM)]  # fmt: skip
+    for number, index, value in _REFUSED_EQUAL:
+        ops += [_op(_JEQ, number, 0, 4), _op(_LD, _arg(index)), _op(_JEQ, value, 0, 1),
+                _op(_RET, _EPERM), _op(_RET, _ALLOW)]  # fmt: skip
     for number, index in _THIS_PROCESS_ONLY:
         ops += [_op(_JEQ, number, 0, 5), _op(_LD, _arg(index)), _op(_JEQ, 0, 2, 0),
                 _op(_JEQ, own_pid, 1, 0), _op(_RET, _EPERM), _op(_RET, _ALLOW)]  # fmt: skip
