@@ -6,4 +6,9 @@ its functions, globals and "upstream" data start pristine every time.
 
 from __future__ import annotations
 
-MODULES = ("crashoverride._eval.scenarios.asgi_data",)
+MODULES = (
+    "crashoverride._eval.scenarios.asgi_data",
+    "crashoverride._eval.scenarios.tasks",
+    "crashoverride._eval.scenarios.scrapers",
+    "crashoverride._eval.scenarios.traps_tasks",
+)
