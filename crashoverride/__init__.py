@@ -19,6 +19,7 @@ from ._redact import Redaction
 
 if TYPE_CHECKING:
     from ._eval import evaluate
+    from ._ledger import JsonLinesLedger, RedisStreamLedger
     from ._redis_coordination import RedisCoordination
     from ._report import ApprovalRequest, RecoveryReport, SourceChange, ToolCallRecord, Usage
 
@@ -29,9 +30,11 @@ __all__ = [
     "ConfigurationError",
     "CrashOverride",
     "Handler",
+    "JsonLinesLedger",
     "RecoveryReport",
     "Redaction",
     "RedisCoordination",
+    "RedisStreamLedger",
     "SourceChange",
     "ToolCallRecord",
     "Usage",
@@ -51,6 +54,10 @@ def __getattr__(name: str) -> Any:
         from ._redis_coordination import RedisCoordination
 
         return RedisCoordination
+    if name in ("JsonLinesLedger", "RedisStreamLedger"):  # on_recovery sinks
+        from . import _ledger
+
+        return getattr(_ledger, name)
     # The report types pull in dataclasses; keep them off the import path until asked for.
     if name in _LAZY:
         from . import _report

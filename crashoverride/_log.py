@@ -25,6 +25,8 @@ RECIPE_FAILED = "recovery.recipe_failed"
 CALLBACK_FAILED = "recovery.callback_failed"
 # A telemetry observer (OpenTelemetry, Sentry) raised: it is dropped for that recovery.
 OBSERVER_FAILED = "recovery.observer_failed"
+# A ledger sink (RedisStreamLedger) could not store a report.
+LEDGER_FAILED = "ledger.write_failed"
 SOURCE_CHANGED = "recovery.source_changed"
 WARM_UP_FAILED = "recovery.warm_up_failed"
 
