@@ -649,3 +649,15 @@ def test_a_pipe_of_the_process_cannot_be_drained_through_proc(world: World) -> N
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["'x'.replace('', 'yyy')", "format(1, '>1000000000')", "sum([[1], [2]], [])",
+     "'ab' * 10", "list(range(1000000000))", "2 ** 100000"],
+)  # fmt: skip
+def test_the_fallback_evaluator_refuses_what_multiplies_sizes(
+    world: World, expression: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_snapshot, "FORK_ENABLED", False)
+    assert attempt(world.workspace(), expression).startswith("PermissionError: diagnose mode")
