@@ -14,7 +14,7 @@
 * happy path: ``with co.handler()`` with ``coordination=RedisCoordination(...)`` vs
   ``contextlib.suppress`` (target as for the in-process default: <= 1.25x).
 
-Needs a Redis at 127.0.0.1:6379 (database 13 is flushed).
+Needs a Redis at 127.0.0.1:6379 (database 15 is flushed).
 
     python -m benchmarks.bench_fleet [--processes 4] [--failures 50] [--work 0.5]
 """
@@ -33,7 +33,7 @@ from typing import Any
 
 from benchmarks._common import Row, format_table, row
 
-REDIS_URL = "redis://127.0.0.1:6379/13"
+REDIS_URL = "redis://127.0.0.1:6379/15"  # flushed: a database of its own
 KEY = "bench-fleet-key-0123456789"
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -15,8 +16,8 @@ import pytest
 
 from tests.integrations.celery_support import answers
 
-# Not the Celery tests' database (11): the two may run at once.
-FLEET_DB = 13
+# Not a database other tests use (Celery's 11, the ledger's 13).
+FLEET_DB = 14
 FLEET_KEY = "fleet-test-key-0123456789"
 
 
@@ -53,21 +54,32 @@ def private_redis() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
 
 @contextmanager
 def fleet_redis() -> Iterator[str]:
-    """A clean fleet database: the local Redis's ``FLEET_DB``, else a private server."""
-    import redis
-
+    """The local Redis's ``FLEET_DB``, else a private server. Nothing is flushed: each test
+    works in a namespace of its own (``new_namespace``) and removes its keys (``clean``), so
+    runs of these tests at the same time, and other users of the database, do not collide."""
     if answers("127.0.0.1", 6379):
-        url = f"redis://127.0.0.1:6379/{FLEET_DB}"
-        client = redis.Redis.from_url(url)
-        client.flushdb()
-        try:
-            yield url
-        finally:
-            client.flushdb()
-            client.close()
+        yield f"redis://127.0.0.1:6379/{FLEET_DB}"
         return
     with private_redis() as (url, _):
         yield url
+
+
+def new_namespace() -> str:
+    return "test-" + os.urandom(5).hex()
+
+
+def clean(url: str, namespace: str) -> None:
+    """Remove every key naming ``namespace``: the fleet's (``co:NAMESPACE:...``), and a Celery
+    queue's and its bindings when the namespace named the queue."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        names = list(client.scan_iter(match=f"*{namespace}*", count=500))
+        if names:
+            client.delete(*names)
+    finally:
+        client.close()
 
 
 def close_fleet(*apps: Any) -> None:

@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from crashoverride import CrashOverride, RedisCoordination
-from tests.fleet_support import FLEET_KEY, close_fleet, fleet_redis
+from tests.fleet_support import FLEET_KEY, clean, close_fleet, fleet_redis, new_namespace
 from tests.helpers import done_step, exec_step, scripted
 
 REPAIR = "caller['total'] = caller['x'] * 2"
@@ -82,9 +82,10 @@ def test_a_recipe_whose_postcondition_fails_hands_over_to_the_agent() -> None:
 
 def test_a_recipe_travels_in_the_fix_record_to_a_process_started_later() -> None:
     with fleet_redis() as url:
+        namespace = new_namespace()
 
         def fleet() -> RedisCoordination:
-            return RedisCoordination(url, namespace="recipes", key=FLEET_KEY)
+            return RedisCoordination(url, namespace=namespace, key=FLEET_KEY)
 
         first_model = scripted(exec_step(REPAIR_AND_PATCH), done_step("patched"))
         first = CrashOverride(model=first_model, coordination=fleet())
@@ -96,6 +97,7 @@ def test_a_recipe_travels_in_the_fix_record_to_a_process_started_later() -> None
         with capture_logs() as logs:
             assert block(later, 7, postcondition=doubled) == 14
         close_fleet(first, later)
+        clean(url, namespace)
     assert len(later_model.calls) == 0
     (report,) = reports
     assert (report.via, report.fleet_role) == ("recipe", "recipe")

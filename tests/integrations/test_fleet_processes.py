@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import httpx
 
-from tests.fleet_support import fleet_redis, free_port
+from tests.fleet_support import clean, fleet_redis, free_port, new_namespace
 from tests.integrations.fleet_procs import agent_runs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,8 +69,25 @@ def mock_model(scenario: str) -> Iterator[Mock]:
             proc.wait(10)
 
 
+@contextmanager
+def fleet_db() -> Iterator[str]:
+    """The fleet database; on the way out, every key of the namespaces this test used."""
+    used: list[str] = []
+    with fleet_redis() as url:
+        USED[url] = used
+        try:
+            yield url
+        finally:
+            for namespace in used:
+                clean(url, namespace)
+
+
+USED: dict[str, list[str]] = {}
+
+
 def fleet_env(mock: Mock, url: str, **extra: str) -> dict[str, str]:
-    namespace = "proc-" + os.urandom(4).hex()
+    namespace = new_namespace()
+    USED[url].append(namespace)
     return {**os.environ, "FLEET_MODEL_URL": mock.url, "FLEET_REDIS_URL": url,
             "FLEET_NS": namespace, "PYTHONPATH": str(ROOT), **extra}  # fmt: skip
 
@@ -122,7 +139,7 @@ async def _burst(port: int, count: int) -> list[httpx.Response]:
 
 
 def test_uvicorn_workers_run_one_agent_for_200_identical_failures() -> None:
-    with fleet_redis() as url, mock_model("asgi") as mock:
+    with fleet_db() as url, mock_model("asgi") as mock:
         env = fleet_env(mock, url)
         port = free_port()
         server = subprocess.Popen(
@@ -191,7 +208,7 @@ def _tamper(url: str, namespace: str) -> None:
 
 def test_a_killed_leader_is_taken_over_within_the_lease_plus_one_second() -> None:
     lease = 2.0
-    with fleet_redis() as url, mock_model("kill") as mock:
+    with fleet_db() as url, mock_model("kill") as mock:
         env = fleet_env(mock, url, FLEET_LEASE=str(lease))
         workers = [
             subprocess.Popen(
@@ -260,7 +277,7 @@ def _last(lines: list[str], key: str) -> Any:
 
 
 def test_a_celery_prefork_pool_runs_one_agent_for_40_identical_failures() -> None:
-    with fleet_redis() as url, mock_model("celery") as mock:
+    with fleet_db() as url, mock_model("celery") as mock:
         env = fleet_env(mock, url, FLEET_CELERY="1", FLEET_BROKER_URL=url)
         worker = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "tests.integrations.fleet_procs", "worker",
@@ -286,7 +303,10 @@ def _celery_results(url: str, queue: str, count: int) -> list[Any]:
     client.conf.update(task_default_queue=queue, broker_connection_retry_on_startup=True)
     try:
         sent = [client.send_task("fleet.transform", args=(i,)) for i in range(count)]
-        return [result.get(timeout=60, propagate=False) for result in sent]
+        results = [result.get(timeout=60, propagate=False) for result in sent]
+        for result in sent:
+            result.forget()
+        return results
     finally:
         consumer = getattr(client.backend, "result_consumer", None)
         if consumer is not None:
