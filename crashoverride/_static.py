@@ -11,11 +11,13 @@ from __future__ import annotations
 import datetime
 import types
 from collections.abc import Callable, Iterable, Mapping
+from itertools import islice
 from typing import Any
 
 from ._text import RESULT_LIMIT, clip
 
 _MISSING: Any = object()
+_SHOWN = 60  # items of a container a rendering shows
 _MAX_ITEMS = 100_000  # plain data larger than this is not treated as plain (bounded work)
 _MRO: Callable[[type], tuple[type, ...]] = type.__dict__["__mro__"].__get__
 _TYPE_DICT: Callable[[type], Mapping[str, Any]] = type.__dict__["__dict__"].__get__
@@ -170,6 +172,10 @@ def render_static(value: object, limit: int = RESULT_LIMIT) -> str:
     return clip(_render(value, 4), limit)
 
 
+def _more(total: int, shown: int) -> str:
+    return f", ... ({total - shown} more)" if total > shown else ""
+
+
 def _render(value: Any, depth: int) -> str:
     kind = type(value)
     if one_of(kind, _SCALARS) or (one_of(kind, _DATES) and is_plain(value)):
@@ -177,12 +183,14 @@ def _render(value: Any, depth: int) -> str:
     if depth <= 0:
         return f"<{describe(value)}>"
     if kind is dict:
-        pairs = list(dict.items(value))[:60]
+        pairs = list(islice(dict.items(value), _SHOWN))
         inner = ", ".join(f"{_render(k, depth - 1)}: {_render(v, depth - 1)}" for k, v in pairs)
-        return "{" + inner + "}"
+        return "{" + inner + _more(len(value), len(pairs)) + "}"
     if one_of(kind, _SEQUENCES) or one_of(kind, _VIEWS):
-        items = list(value)[:60]
-        shown = ", ".join(_render(item, depth - 1) for item in items)
+        items = list(islice(value, _SHOWN))
+        shown = ", ".join(_render(item, depth - 1) for item in items) + _more(
+            len(value), len(items)
+        )
         if kind is list:
             return f"[{shown}]"
         if kind is tuple:
