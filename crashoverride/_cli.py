@@ -140,6 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ._eval._command import add_command as add_eval  # its code lives in _eval
 
     add_eval(commands)
+    from ._show import add_command as add_show  # its code lives in _show
+
+    add_show(commands)
     args = parser.parse_args(argv)
     try:
         code = int(args.run(args))

@@ -19,22 +19,22 @@ VERSION: Final = 1
 SCHEMA: Final = f"{KIND}/{VERSION}"
 
 
-def _masked(value: Any) -> Any:
+def masked(value: Any) -> Any:
     from ._redact import MASK
     from ._secrets import mask
 
     if isinstance(value, str):
         return mask(value, MASK)
     if isinstance(value, dict):
-        return {key: _masked(item) for key, item in value.items()}
+        return {key: masked(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return [_masked(item) for item in value]
+        return [masked(item) for item in value]
     return value
 
 
 def to_record(report: RecoveryReport) -> dict[str, Any]:
     """``report`` as plain JSON types, with its schema."""
-    return {"schema": SCHEMA, **_masked(dataclasses.asdict(report))}
+    return {"schema": SCHEMA, **masked(dataclasses.asdict(report))}
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
