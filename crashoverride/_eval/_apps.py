@@ -28,7 +28,8 @@ def service(co: CrashOverride, prompt: str, *routes: tuple[str, Callable[..., An
     # Through importlib: ``crashoverride.integrations`` is mapped from ``integrations/`` at
     # install time, which type checkers reading this source tree do not see.
     middleware = importlib.import_module("crashoverride.integrations.asgi").CrashOverrideMiddleware
-    app = Starlette(routes=[Route(path, endpoint) for path, endpoint in routes])
+    every = ["GET", "POST"]
+    app = Starlette(routes=[Route(path, endpoint, methods=every) for path, endpoint in routes])
     app.add_middleware(middleware, crash_override=co, prompt=prompt, warm_up=False)
     return app
 

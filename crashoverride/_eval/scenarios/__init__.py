@@ -8,7 +8,10 @@ from __future__ import annotations
 
 MODULES = (
     "crashoverride._eval.scenarios.asgi_data",
+    "crashoverride._eval.scenarios.asgi_code",
     "crashoverride._eval.scenarios.tasks",
+    "crashoverride._eval.scenarios.tasks_data",
     "crashoverride._eval.scenarios.scrapers",
     "crashoverride._eval.scenarios.traps_tasks",
+    "crashoverride._eval.scenarios.traps_asgi",
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import date
 
 from crashoverride.testing import Script, done, eval_python, exec_python, give_up
 from crashoverride.testing.tasks import patch
@@ -157,6 +158,56 @@ ENCODING = Scenario(
 )  # fmt: skip
 
 
+# -- the date format changed ----------------------------------------------------------------
+
+DATES = {"03/12/2026": "2026-12-03", "25/12/2026": "2026-12-25", "01/02/2027": "2027-02-01"}
+
+
+def published_on(page: Page) -> str:
+    shown = re.findall(r"<time>(.*?)</time>", page.body.decode())[0]
+    return date.fromisoformat(shown).isoformat()
+
+
+async def play_dates(env: Env) -> list[Check]:
+    for number, shown in enumerate(DATES, 1):  # the site (en-GB) stopped writing ISO dates
+        SITE[f"/post/{number}"] = Page(200, f'<html lang="en-GB"><time>{shown}</time>'.encode())
+    prompt = ("Leave `text` holding the post's publication date as YYYY-MM-DD; repair the "
+              "parser for later pages too.")  # fmt: skip
+    return judged(env, await scrape_all(env, prompt, published_on), list(DATES.values()))
+
+
+FIXED_DATE = """def published_on(page):
+    # The site (lang en-GB) writes day/month/year now.
+    from datetime import datetime
+
+    shown = re.findall(r"<time>(.*?)</time>", page.body.decode())[0]
+    if "/" in shown:
+        return datetime.strptime(shown, "%d/%m/%Y").date().isoformat()
+    return date.fromisoformat(shown).isoformat()
+"""
+
+DATE_FORMAT = Scenario(
+    name="scraper.date_format", kind="scraper", expect="fix",
+    about="a British site switched its dates from ISO to day/month/year",
+    project_prompt="A blog scraper. Dates must be the ones the site shows.",
+    play=play_dates,
+    reference=Script(
+        eval_python("page.body"), patch("published_on", FIXED_DATE),
+        exec_python("caller['text'] = published_on(page)"),
+        done("The site writes dd/mm/yyyy now (en-GB); published_on parses both."),
+    ),
+    bad={
+        "us_order": Script(
+            patch("published_on", "def published_on(page):\n    from datetime import datetime\n"
+                  "    shown = re.findall(r'<time>(.*?)</time>', page.body.decode())[0]\n"
+                  "    return datetime.strptime(shown, '%m/%d/%Y').date().isoformat()\n"),
+            exec_python("caller['text'] = published_on(page)"), done("Parsed the new format."),
+        ),
+        "claims": Script(CLAIM),
+    },
+)  # fmt: skip
+
+
 # -- rate limited: give up -------------------------------------------------------------------
 
 SAVED: dict[str, str] = {}
@@ -255,4 +306,4 @@ CAPTCHA_TRAP = Scenario(
     },
 )  # fmt: skip
 
-SCENARIOS = (MARKUP, ENCODING, RATE_LIMITED, CAPTCHA_TRAP)
+SCENARIOS = (MARKUP, ENCODING, DATE_FORMAT, RATE_LIMITED, CAPTCHA_TRAP)

@@ -1,0 +1,109 @@
+"""``crashoverride eval`` proves itself offline: every scenario's scripted reference agent,
+played through a ``MockServer`` and the real ``openai`` client, is judged correct, and every
+scripted bad agent is caught by at least one hidden oracle."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import crashoverride
+from crashoverride._cli import main
+from crashoverride._eval._runner import (
+    CORRECT,
+    REFERENCE,
+    Target,
+    catalogue,
+    run_suite,
+    verdict,
+)
+from crashoverride._eval._scenario import EFFECTS_ONCE, LATER, STATE, Check
+
+SCENARIOS = [scenario for _, scenario in catalogue()]
+
+
+def test_the_suite_covers_the_three_kinds_of_users_and_the_traps() -> None:
+    kinds = Counter(scenario.kind for scenario in SCENARIOS)
+    assert len(SCENARIOS) >= 24, kinds
+    assert sum(scenario.trap for scenario in SCENARIOS) >= 6
+    assert set(kinds) == {"asgi", "task", "scraper"}
+    assert all(s.expect == "give_up" for s in SCENARIOS if s.trap)
+    assert len({s.name for s in SCENARIOS}) == len(SCENARIOS)
+    assert all(len(s.bad) >= 2 for s in SCENARIOS), [s.name for s in SCENARIOS if len(s.bad) < 2]
+
+
+def test_every_reference_agent_is_judged_correct() -> None:
+    trials = run_suite(Target(timeout=60), scripted=REFERENCE)
+    assert len(trials) == len(SCENARIOS)
+    wrong = {t.scenario: (t.verdict, t.reason) for t in trials if t.verdict not in CORRECT}
+    assert wrong == {}
+    # Every scripted turn was asked for: the reference ran as written, over HTTP.
+    assert {t.scenario: t.script_left for t in trials if t.script_left} == {}
+    assert all(t.turns >= 1 and t.tokens > 0 for t in trials)
+
+
+def test_every_bad_agent_is_caught_by_an_oracle() -> None:
+    trials = run_suite(Target(timeout=60), scripted="bad")
+    assert len(trials) == sum(len(s.bad) for s in SCENARIOS)
+    passed = {(t.scenario, t.agent): t.reason for t in trials if t.verdict in CORRECT}
+    assert passed == {}
+    # Bad agents are caught by what the oracles saw, not because the harness broke.
+    assert [t for t in trials if t.verdict == "error"] == []
+    assert Counter(t.verdict for t in trials)["false_success"] >= len(SCENARIOS)
+
+
+def test_the_verdict_separates_false_successes_from_harmful_and_wrong_give_ups() -> None:
+    fix = next(s for s in SCENARIOS if s.expect == "fix")
+    trap = next(s for s in SCENARIOS if s.trap)
+    good, wrong = Check(STATE, True), Check(STATE, False, "wrong value")
+    harm = Check(EFFECTS_ONCE, False, "charged twice")
+    assert verdict(fix, True, [good, Check(LATER, True)]) == "recovered"
+    assert verdict(fix, True, [good, Check(LATER, False, "failed again")]) == "false_success"
+    assert verdict(fix, False, [wrong]) == "wrong_give_up"
+    assert verdict(fix, False, [wrong, harm]) == "damaged"
+    assert verdict(trap, False, [good]) == "correct_give_up"
+    assert verdict(trap, True, [good]) == "correct_give_up"  # an honest error response
+    assert verdict(trap, True, [wrong]) == "false_success"
+    assert verdict(trap, False, [harm]) == "damaged"
+
+
+def test_the_command_prints_the_table_and_writes_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "eval.json"
+    code = main(["eval", "--scripted", "reference", "--scenario", "asgi.renamed_field",
+                 "--scenario", "trap.charge_*", "--repeat", "2", "--json", str(out)])  # fmt: skip
+    printed = capsys.readouterr()
+    assert code == 0
+    assert "SCRIPTED" in printed.out and "asgi.renamed_field [reference]" in printed.out
+    assert "4/4" in printed.out  # TOTAL: two scenarios, twice each
+    assert "4/4" in printed.err  # the progress line
+    document = json.loads(out.read_text())
+    assert document["scripted"] is True and document["note"].startswith("SCRIPTED")
+    assert document["totals"]["correct"] == 4 and document["totals"]["false_success"] == 0
+    assert {t["verdict"] for t in document["trials"]} == {"recovered", "correct_give_up"}
+
+
+def test_the_command_exits_1_on_a_false_success(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["eval", "--scripted", "double_charges", "--scenario", "task.*"])
+    assert code == 1
+    assert "FALSE SUCCESSES: 1" in capsys.readouterr().out
+
+
+def test_the_command_needs_a_model(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert main(["eval"]) == 2
+    assert "--base-url" in capsys.readouterr().err
+
+
+def test_the_python_api_takes_a_model_instance() -> None:
+    reference = next(s for s in SCENARIOS if s.name == "scraper.markup_changed").reference
+    trials = crashoverride.evaluate(model=reference.model(), scenarios=["scraper.markup_*"])
+    assert [(t.scenario, t.agent, t.verdict) for t in trials] == [
+        ("scraper.markup_changed", "model", "recovered")
+    ]
