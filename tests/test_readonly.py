@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import inspect
+import json  # noqa: F401  (the sys.modules case checks that it stays imported)
 import mmap
 import os
 import platform
@@ -187,9 +188,6 @@ def unchanged(w: World) -> list[str]:
         "flag": not w.flag.is_set(), "globals": w.module_globals["LIMIT"] == 10,
     }  # fmt: skip
     return [name for name, ok in checks.items() if not ok]
-
-
-import json  # noqa: E402,F401  (the sys.modules case checks that it stays imported)
 
 
 @pytest.fixture
