@@ -33,6 +33,7 @@ from ._fleet_eager import Eager, announce
 from ._fleet_link import CONNECT_FACTOR, Link, Unavailable
 from ._fleet_scripts import (
     ACQUIRE,
+    BUDGET,
     FAILED,
     LAND,
     MAX_WAKE,
@@ -235,7 +236,7 @@ class Fleet:
     ) -> Joined:
         option = self.option
         value = f"{token}|{self.holder}"
-        over = await self._over_budget(keys, token, value)
+        over = await self._over_budget(keys, token, value, rec.id)
         if over is not None:
             return Joined(False, skip=over)
 
@@ -245,16 +246,17 @@ class Fleet:
         async def renew(client: Any) -> None:
             import asyncio
 
-            try:
-                while True:
-                    await asyncio.sleep(option.lease / 3)
+            while True:  # until the recovery lands (cancelled) or the lease is gone
+                await asyncio.sleep(option.lease / 3)
+                try:
                     async with asyncio.timeout(option.lease / 3):
-                        if not await client.eval(RENEW, 1, keys["lease"], value,
-                                                 ms(option.lease)):  # fmt: skip
-                            raise LookupError("the lease is held by another process now")
-            except Exception as problem:  # it may lapse: another process may take over
-                reason = f"renewing the lease failed: {type(problem).__name__}: {problem}"
-                _log.emit("warning", _log.LEASE_LOST, reason=reason[:300], **fields)
+                        held = await client.eval(RENEW, 1, keys["lease"], value, ms(option.lease))
+                except Exception:  # a slow or failing Redis: try again at the next beat
+                    continue
+                if not held:  # it lapsed: another process may be running the agent as well
+                    reason = "the lease lapsed before it could be renewed"
+                    _log.emit("warning", _log.LEASE_LOST, reason=reason, **fields)
+                    return
 
         renewal = self.link.submit(renew, None)
         with self._lock:
@@ -262,21 +264,16 @@ class Fleet:
         _log.emit("info", _log.LEASE_TAKEN, takeover=takeover, **fields)
         return LEAD
 
-    async def _over_budget(self, keys: dict[str, str], token: int, value: str) -> str | None:
+    async def _over_budget(
+        self, keys: dict[str, str], token: int, value: str, rec_id: str
+    ) -> str | None:
         """Count this agent run against the fleet's budget; why it may not run, if over."""
         budget = self.option.max_agent_runs_per_minute
         if budget is None:
             return None
-        bucket = f"co:{self.option.namespace}:budget:{int(time.time() // 60)}"
-
-        async def count(client: Any) -> int:
-            pipe = client.pipeline(transaction=True)
-            pipe.incr(bucket)
-            pipe.expire(bucket, 120)
-            runs, _ = await pipe.execute()
-            return int(runs)
-
-        if await self.link.run(count) <= budget:
+        bucket = f"co:{self.option.namespace}:budget"
+        member = f"{value}|{rec_id}"
+        if await self.link.run(lambda client: client.eval(BUDGET, 1, bucket, budget, member)):
             return None
         # Hand the lease on at once, with a "not recovered" outcome for this episode's waiters.
         outcome = json.dumps({"token": token, "recovered": False, "fix": None})

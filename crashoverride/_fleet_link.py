@@ -81,9 +81,13 @@ class Link:
             if client is None or pid != os.getpid():
                 factory = self.option.client_factory
                 client = factory() if factory is not None else _from_url(self.option)
-                # The first connection (TCP, TLS, AUTH) may take longer than one command.
-                async with asyncio.timeout(CONNECT_FACTOR * self.option.op_timeout):
-                    await client.ping()
+                try:
+                    # The first connection (TCP, TLS, AUTH) may take longer than one command.
+                    async with asyncio.timeout(CONNECT_FACTOR * self.option.op_timeout):
+                        await client.ping()
+                except BaseException:  # cleanup and re-raise: never leave a socket behind
+                    await asyncio.shield(client.aclose())
+                    raise
                 self._client[:] = [os.getpid(), client]
         return client
 

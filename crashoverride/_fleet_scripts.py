@@ -50,6 +50,18 @@ if n >= tonumber(ARGV[2]) then
 end
 return n
 """
+# KEYS: the namespace's budget. ARGV: runs allowed per minute, a unique member. A sliding
+# minute on the server's clock (no window edge to slip through, no clock skew between hosts).
+# -> 1: this run counts and may go; 0: the budget is spent.
+BUDGET: Final = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms - 60000)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], ms, ARGV[2])
+redis.call('PEXPIRE', KEYS[1], 60000)
+return 1
+"""
 OUTCOME_MS: Final = 60_000  # an outcome only matters to the waiters of its episode
 MAX_WAKE: Final = 1.0  # a waiter re-checks the lease at least this often (no hot polling)
 

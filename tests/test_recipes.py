@@ -85,7 +85,7 @@ def test_a_recipe_travels_in_the_fix_record_to_a_process_started_later() -> None
         namespace = new_namespace()
 
         def fleet() -> RedisCoordination:
-            return RedisCoordination(url, namespace=namespace, key=FLEET_KEY)
+            return RedisCoordination(url, namespace=namespace, key=FLEET_KEY, op_timeout=2.0)
 
         first_model = scripted(exec_step(REPAIR_AND_PATCH), done_step("patched"))
         first = CrashOverride(model=first_model, coordination=fleet())

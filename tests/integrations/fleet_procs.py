@@ -43,7 +43,7 @@ def crash_override(**options: Any) -> CrashOverride:
     env = os.environ
     fleet = RedisCoordination(
         env["FLEET_REDIS_URL"], namespace=env["FLEET_NS"], key=KEY,
-        lease=float(env.get("FLEET_LEASE", "5")),
+        lease=float(env.get("FLEET_LEASE", "5")), op_timeout=1.0,  # a loaded machine, not slow
     )  # fmt: skip
     return CrashOverride(
         model="fleet-model", base_url=env["FLEET_MODEL_URL"], api_key="sk-fleet", timeout=30,
