@@ -178,6 +178,20 @@ def test_propagation_off_needs_no_key_and_a_url_with_a_password_is_never_echoed(
     assert caught.value.argument == "coordination"
 
 
+@pytest.mark.parametrize(
+    "url", ["redis://localhost:6379/0", "rediss://:pw@redis.example:6380/2", "unix:///run/r.sock"]
+)
+def test_tls_and_unix_socket_urls_are_accepted(url: str) -> None:
+    assert RedisCoordination(url, key=FLEET_KEY).url == url
+
+
+def test_a_client_factory_replaces_the_url() -> None:
+    option = RedisCoordination(client_factory=lambda: None, key=FLEET_KEY)
+    assert option.url is None and "client_factory" in repr(option)
+    with pytest.raises(ConfigurationError):
+        RedisCoordination("redis://localhost", client_factory=lambda: None, key=FLEET_KEY)
+
+
 def test_default_is_in_process() -> None:
     co = CrashOverride()
     assert isinstance(co._limits().coordination, InProcess)
