@@ -222,10 +222,19 @@ def test_the_happy_path_imports_no_redis_and_starts_nothing() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("backend", ["in-process", "redis"])
+@pytest.mark.parametrize("backend", ["in-process", "redis", "client_factory"])
 async def test_both_backends_give_one_agent_run_for_a_burst(url: str, backend: str) -> None:
+    import redis.asyncio
+
     model = scripted(exec_step(PATCH), done_step("patched"))
-    coordination = fleet(url) if backend == "redis" else None
+    coordination = {
+        "in-process": None,
+        "redis": fleet(url),
+        "client_factory": RedisCoordination(
+            client_factory=lambda: redis.asyncio.Redis.from_url(url), namespace=NS["current"],
+            key=FLEET_KEY, op_timeout=2.0,
+        ),
+    }[backend]  # fmt: skip
     co = CrashOverride(model=model, timeout=20, coordination=coordination)
     (job,) = async_jobs(co)
     with capture_logs() as logs:
@@ -233,7 +242,7 @@ async def test_both_backends_give_one_agent_run_for_a_burst(url: str, backend: s
     close_fleet(co)
     assert results == {i: i * 10 for i in range(20)} and len(model.calls) == 2
     roles = {e.get("fleet_role", "") for e in events(logs, "recovery.succeeded")}
-    assert roles == ({"leader", "waiter"} if backend == "redis" else {""})
+    assert roles == ({""} if backend == "in-process" else {"leader", "waiter"})
 
 
 @pytest.mark.anyio
