@@ -7,7 +7,8 @@ backend (the default) answers from ``_limits``; the fleet backend (``_fleet``, b
 talks to Redis, then coordinates that one with the other processes.
 
 Everything else (the slot, the agent run, the verdict, the outcome) stays in ``_pipeline``:
-a backend never runs an agent, it only says who does.
+a backend never runs an agent, it only says who does, and after the outcome (``land``) tells
+whoever waits elsewhere.
 """
 
 from __future__ import annotations

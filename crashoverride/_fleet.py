@@ -6,13 +6,15 @@ burst of identical failures costs one Redis conversation per process. That leade
 1. reads, in one round trip, the fingerprint's stored fix record and the fleet breaker;
 2. with a stored fix (``apply_fixes`` not ``"never"``) it applies it and replays: no agent;
 3. else it takes the lease (``SET NX PX`` with a fencing token from ``INCR``, in one script):
-   the lease holder runs the agent and renews the lease while it runs; the others subscribe
+   the lease holder counts against the fleet budget, if any, runs the agent and renews the
+   lease while it runs (one that runs no agent after all hands it on); the others subscribe
    to the outcome channel, THEN read the stored outcome (a notification sent in between is
    not missed), and wait. When the lease lapses with no outcome (its holder died), a waiter
    takes it over. Every wait is inside the recovery's one deadline;
 4. the holder's outcome is stored and published (only if its token is still the newest: a
    leader that lost its lease cannot overwrite a newer one's outcome), with the signed fix
-   record when the recovery changed code.
+   record when the recovery changed code or made a recipe (``_recipes``); the fleet breaker
+   learns the result of the agent run.
 
 Any Redis error or an answer slower than ``op_timeout`` ends the fleet part: the recovery goes
 on in-process (``coordination.degraded``), and Redis is left alone for ``retry_after`` seconds.
