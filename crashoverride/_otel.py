@@ -78,14 +78,16 @@ class _Instruments:
         )  # fmt: skip
 
 
-_instruments: _Instruments | None = None
+_instruments: tuple[Any, _Instruments] | None = None
 
 
 def instruments() -> _Instruments:
+    """The instruments of the current meter provider (made again if it was replaced)."""
     global _instruments
-    if _instruments is None:
-        _instruments = _Instruments()
-    return _instruments
+    provider = metrics.get_meter_provider()
+    if _instruments is None or _instruments[0] is not provider:
+        _instruments = (provider, _Instruments())
+    return _instruments[1]
 
 
 def _innermost(exc: BaseException | None) -> tuple[str, str, int] | None:

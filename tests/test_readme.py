@@ -24,6 +24,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import warnings
@@ -332,6 +333,129 @@ def _given_co(ns: dict[str, Any], _: pytest.MonkeyPatch, __: Path) -> Iterator[N
     yield
     (protected,) = [v for v in ns.values() if getattr(v, "__wrapped__", None) is not None]
     assert protected("a@example.com") is None  # the decorated function, called as usual
+
+
+def _fresh_telemetry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let a block set OpenTelemetry's global providers (once per process, by design), and
+    restore the previous ones after it (what opentelemetry-test-utils does)."""
+    from opentelemetry import trace
+    from opentelemetry.metrics import _internal as metrics_internal
+    from opentelemetry.util._once import Once
+
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    monkeypatch.setattr(trace, "_PROXY_TRACER_PROVIDER", trace.ProxyTracerProvider())
+    monkeypatch.setattr(metrics_internal, "_METER_PROVIDER_SET_ONCE", Once())
+    monkeypatch.setattr(metrics_internal, "_METER_PROVIDER", None)
+    proxy = metrics_internal._ProxyMeterProvider()
+    monkeypatch.setattr(metrics_internal, "_PROXY_METER_PROVIDER", proxy)
+
+
+def _recorded_spans() -> Any:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    spans = InMemorySpanExporter()
+    trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(spans))  # type: ignore[attr-defined]
+    return spans
+
+
+def _recovery_parent(spans: Any) -> Any:
+    """The span the one recovery span sits in."""
+    finished = spans.get_finished_spans()
+    (recovery,) = [s for s in finished if s.name == "crashoverride.recovery"]
+    (parent,) = [s for s in finished if s.context.span_id == recovery.parent.span_id]
+    return parent
+
+
+@setup("operating-fastapi")
+def _operating_fastapi(
+    ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[None]:
+    import sentry_sdk
+    from opentelemetry import metrics, trace
+
+    from crashoverride.testing.asgi import respond
+    from tests.integrations.asgi_support import serve
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SENTRY_DSN", raising=False)
+    _fresh_telemetry(monkeypatch)
+    plan = Script(respond(200, {"amount": 42}), done("answered"))
+    try:
+        with default_model(monkeypatch, plan):
+            yield
+            app = ns["app"]
+
+            @app.get("/api/price")
+            async def price() -> None:
+                raise KeyError("amount")  # the upstream renamed the field
+
+            spans = _recorded_spans()
+            with serve(app) as served:
+                assert _get(served.url + "/api/price") == (200, '{"amount":42}')
+    finally:
+        trace.get_tracer_provider().shutdown()  # type: ignore[attr-defined]
+        metrics.get_meter_provider().shutdown()  # type: ignore[attr-defined]
+        sentry_sdk.get_global_scope().set_client(None)
+    (line,) = (tmp_path / "recoveries.jsonl").read_text().splitlines()
+    assert json.loads(line)["outcome"] == "recovered"
+    # Inside the request's trace: under a span of the request (the ASGI middleware's).
+    parent = _recovery_parent(spans)
+    assert parent.name.startswith("GET /api/price")
+
+
+@setup("operating-celery")
+def _operating_celery(
+    ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch, _: Path
+) -> Iterator[None]:
+    import uuid
+
+    import redis
+    import sentry_sdk
+    from celery import Celery
+    from celery.signals import worker_process_init
+    from crashoverride.integrations.celery import CrashOverrideTask
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    stream = f"readme-ledger:{uuid.uuid4().hex}"
+    url = f"redis://127.0.0.1:6379/11?stream={stream}"  # 13 is the fleet tests' (flushed)
+    monkeypatch.setenv("REDIS_URL", url)
+    monkeypatch.delenv("SENTRY_DSN", raising=False)
+    _fresh_telemetry(monkeypatch)
+    app = Celery("shop", broker="memory://")
+    app.conf.task_always_eager = True  # the task runs here; its span is the same as a worker's
+    ns["celery_app"] = app
+    client = redis.Redis.from_url(url.split("?")[0])
+    plan = Script(exec_python("set_result(42)"), done("answered"))
+    try:
+        with default_model(monkeypatch, plan):
+            yield
+            ns["set_up_telemetry"]()  # what worker_process_init does in each worker process
+            spans = _recorded_spans()
+
+            @app.task(base=CrashOverrideTask, recovery_prompt="Return the answer.")
+            def answer() -> int:
+                raise KeyError("answer")
+
+            assert answer.delay().get(timeout=30) == 42
+            for _ in range(500):  # the ledger writes from its own thread
+                if client.xlen(stream):
+                    break
+                time.sleep(0.02)
+    finally:
+        worker_process_init.disconnect(ns.get("set_up_telemetry"))
+        CeleryInstrumentor().uninstrument()
+        trace.get_tracer_provider().shutdown()  # type: ignore[attr-defined]
+        sentry_sdk.get_global_scope().set_client(None)
+        recorded = client.xrange(stream)
+        client.delete(stream)
+        client.close()
+    ((_, fields),) = recorded
+    assert json.loads(fields[b"record"])["outcome"] == "recovered"
+    assert _recovery_parent(spans).name == f"run/{answer.name}"  # the task's span
 
 
 # -------------------------------------------------------------------------------------- tests
