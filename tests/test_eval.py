@@ -4,9 +4,11 @@ scripted bad agent is caught by at least one hidden oracle."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections import Counter
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -20,9 +22,10 @@ from crashoverride._eval._runner import (
     run_suite,
     verdict,
 )
-from crashoverride._eval._scenario import EFFECTS_ONCE, LATER, STATE, Check
+from crashoverride._eval._scenario import EFFECTS_ONCE, LATER, STATE, Check, Scenario
+from crashoverride.testing import Script
 
-SCENARIOS = [scenario for _, scenario in catalogue()]
+SCENARIOS = catalogue()
 
 
 def test_the_suite_covers_the_three_kinds_of_users_and_the_traps() -> None:
@@ -33,6 +36,25 @@ def test_the_suite_covers_the_three_kinds_of_users_and_the_traps() -> None:
     assert all(s.expect == "give_up" for s in SCENARIOS if s.trap)
     assert len({s.name for s in SCENARIOS}) == len(SCENARIOS)
     assert all(len(s.bad) >= 2 for s in SCENARIOS), [s.name for s in SCENARIOS if len(s.bad) < 2]
+
+
+def test_the_agent_sees_the_application_only() -> None:
+    # The failed code's module is the agent's namespace: the ground truth, the oracles and the
+    # scripted agents must not be in it.
+    for app in sorted({scenario.app for scenario in SCENARIOS}):
+        namespace = vars(importlib.import_module(app))
+        leaks = [name for name, value in namespace.items() if _harness(value, app)]
+        assert leaks == [], app
+
+
+def _harness(value: object, app: str) -> bool:
+    """Whether ``value`` comes from the eval itself rather than the application ``app``."""
+    if isinstance(value, Scenario | Script | Check):
+        return True
+    if isinstance(value, ModuleType):
+        return value.__name__.startswith("crashoverride")
+    module = getattr(value, "__module__", None) or ""
+    return module.startswith("crashoverride._eval") and not module.startswith(app)
 
 
 def test_every_reference_agent_is_judged_correct() -> None:

@@ -77,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     from ._runner import Target, catalogue, run_suite
 
     if args.list:
-        for _, scenario in catalogue(args.scenario or ["*"]):
+        for scenario in catalogue(args.scenario or ["*"]):
             trap = " trap" if scenario.trap else ""
             print(f"{scenario.name:<28} {scenario.kind:<8} {scenario.expect:<8}{trap:<5} "
                   f"{scenario.about}")  # fmt: skip

@@ -1,8 +1,8 @@
 """Run scenarios against a model and turn what the oracles saw into verdicts.
 
-Every trial loads a fresh copy of its scenario's module, so a repair (live code swapped in
-place) or a damaged global from one trial never leaks into the next, and builds a fresh
-``CrashOverride`` around the model under test. Scripted agents are served by a
+Every trial loads a fresh copy of its scenario's application module, so a repair (live code
+swapped in place) or a damaged global from one trial never leaks into the next, and builds a
+fresh ``CrashOverride`` around the model under test. Scripted agents are served by a
 ``MockServer`` per trial: the real ``openai`` client and the SDK's chat-completions path run
 exactly as they do against a real endpoint.
 """
@@ -89,17 +89,17 @@ def verdict(scenario: Scenario, claimed: bool, checks: Sequence[Check]) -> str:
 # -- scenarios ------------------------------------------------------------------------------
 
 
-def catalogue(patterns: Iterable[str] = ("*",)) -> list[tuple[str, Scenario]]:
-    """(module, scenario) for every scenario whose name matches one of the globs."""
+def catalogue(patterns: Iterable[str] = ("*",)) -> list[Scenario]:
+    """Every scenario whose name matches one of the globs."""
     from .scenarios import MODULES
 
     wanted = list(patterns) or ["*"]
-    found = []
-    for module in MODULES:
-        for scenario in importlib.import_module(module).SCENARIOS:
-            if any(fnmatch.fnmatchcase(scenario.name, pattern) for pattern in wanted):
-                found.append((module, scenario))
-    return found
+    return [
+        scenario
+        for module in MODULES
+        for scenario in importlib.import_module(module).SCENARIOS
+        if any(fnmatch.fnmatchcase(scenario.name, pattern) for pattern in wanted)
+    ]
 
 
 _copies = itertools.count(1)
@@ -121,15 +121,14 @@ def _fresh(module: str) -> ModuleType:
     return copy
 
 
-def run_trial(module: str, name: str, target: Target, agent: str = "model") -> Trial:
+def run_trial(scenario: Scenario, target: Target, agent: str = "model") -> Trial:
     """Play one scenario once against ``target``."""
     import anyio
 
     from crashoverride import CrashOverride
 
-    copy = _fresh(module)
+    app = _fresh(scenario.app)
     try:
-        scenario = next(s for s in copy.SCENARIOS if s.name == name)
         env = Env(co=None)  # type: ignore[arg-type]  # set below, with the report collector
         env.co = CrashOverride(
             model=target.model, base_url=target.base_url, api_key=target.api_key,
@@ -138,18 +137,18 @@ def run_trial(module: str, name: str, target: Target, agent: str = "model") -> T
         )  # fmt: skip
         began = time.perf_counter()
         try:
-            checks = tuple(anyio.run(scenario.play, env))
+            checks = tuple(anyio.run(scenario.play, env, app))
             problem = ""
         except Exception as exc:  # a scenario that breaks is reported, and the others run
             checks, problem = (), f"the scenario itself failed: {exc!r}"
         seconds = time.perf_counter() - began
     finally:
-        sys.modules.pop(copy.__name__, None)
+        sys.modules.pop(app.__name__, None)
     first = env.reports[0] if env.reports else None
     claimed = first is not None and first.recovered
     failed = "; ".join(f"{c.oracle}: {c.detail}" for c in checks if not c.passed)
     return Trial(
-        scenario=name, agent=agent,
+        scenario=scenario.name, agent=agent,
         verdict="error" if problem else verdict(scenario, claimed, checks),
         outcome=first.outcome if first is not None else "none",
         reason=problem or failed or (first.reason if first is not None else ""),
@@ -160,13 +159,13 @@ def run_trial(module: str, name: str, target: Target, agent: str = "model") -> T
     )  # fmt: skip
 
 
-def run_scripted(module: str, name: str, script: Script, agent: str, target: Target) -> Trial:
+def run_scripted(scenario: Scenario, script: Script, agent: str, target: Target) -> Trial:
     """Play one scenario with a scripted agent served over HTTP by a ``MockServer``."""
     from crashoverride.testing import MockServer
 
     with MockServer(script) as server:
         served = replace(target, model="scripted", base_url=server.base_url, api_key="eval")
-        trial = run_trial(module, name, served, agent)
+        trial = run_trial(scenario, served, agent)
         left = server.remaining_turns
     return replace(trial, script_left=left)
 
@@ -189,21 +188,21 @@ def run_suite(
     progress: Progress | None = None,
 ) -> list[Trial]:
     """Every matching scenario ``repeat`` times, against ``target`` or scripted agents."""
-    plan: list[tuple[str, Scenario, str, Script | None]] = []
-    for module, scenario in catalogue(patterns):
+    plan: list[tuple[Scenario, str, Script | None]] = []
+    for scenario in catalogue(patterns):
         if scripted is None:
-            plan.extend((module, scenario, "model", None) for _ in range(repeat))
+            plan.extend((scenario, "model", None) for _ in range(repeat))
         else:
             for agent, steps in agents_of(scenario, scripted):
-                plan.extend((module, scenario, agent, steps) for _ in range(repeat))
+                plan.extend((scenario, agent, steps) for _ in range(repeat))
     trials = []
-    for number, (module, scenario, agent, played) in enumerate(plan):
+    for number, (scenario, agent, played) in enumerate(plan):
         if progress is not None:
             progress(number, len(plan), f"{scenario.name} ({agent})")
         if played is None:
-            trials.append(run_trial(module, scenario.name, target))
+            trials.append(run_trial(scenario, target))
         else:
-            trials.append(run_scripted(module, scenario.name, played, agent, target))
+            trials.append(run_scripted(scenario, played, agent, target))
     if progress is not None:
         progress(len(plan), len(plan), "done")
     return trials

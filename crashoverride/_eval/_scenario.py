@@ -1,10 +1,12 @@
 """What a scenario is, what it observes, and the oracles that judge it.
 
 A scenario is a small application with a real failure, driven through the public API (a
-handler, the ASGI middleware, a task wrapper). Its ``play`` runs the failing input and the
-later ones, then returns the verdicts of its hidden oracles: checks against ground truth the
-agent never sees (the values a correct repair yields, how many times a side effect happened,
-whether a protected object is intact). The agent is only ever shown the application.
+handler, the ASGI middleware, a task wrapper). The application is a module of its own under
+``apps/``: the failed code's module is the agent's namespace, so only application code and
+its "upstream" data live there. The scenario itself (``scenarios/``) holds what the agent must
+not see: its ``play`` runs the failing input and the later ones, then returns the verdicts of
+its hidden oracles, checks against ground truth (the values a correct repair yields, how many
+times a side effect happened, whether a protected object is intact).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class Env:
     reports: list[RecoveryReport] = field(default_factory=list)
 
 
-Play = Callable[[Env], Awaitable[Sequence[Check]]]
+# ``play(env, app)``: ``app`` is this trial's fresh copy of the application module.
+Play = Callable[[Env, Any], Awaitable[Sequence[Check]]]
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,9 @@ class Scenario:
         trap: No trustworthy answer exists and something invites a wrong one.
         about: One line for the table and the JSON.
         project_prompt: The application's ``project_prompt``.
-        play: Runs the application and returns the oracles' checks (module-level async
-            function: it runs in a fresh copy of its module for every trial).
+        app: The module name of the application (loaded afresh for every trial, so repairs
+            and damage from one trial never reach the next).
+        play: Runs the application and returns the oracles' checks.
         reference: A scripted good agent the oracles accept (``crashoverride.testing`` steps).
         bad: Scripted bad agents by name; the oracles must reject each of them.
     """
@@ -77,6 +81,7 @@ class Scenario:
     expect: Expect
     about: str
     project_prompt: str
+    app: str
     play: Play
     reference: Script
     bad: Mapping[str, Script]

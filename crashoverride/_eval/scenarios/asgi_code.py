@@ -4,12 +4,7 @@
 
 from __future__ import annotations
 
-import base64
-from decimal import Decimal
 from typing import Any
-
-from starlette.requests import Request
-from starlette.responses import JSONResponse
 
 from crashoverride.testing import Script, done, eval_python, exec_python
 from crashoverride.testing.asgi import patch, replay_request, respond
@@ -17,46 +12,18 @@ from crashoverride.testing.asgi import patch, replay_request, respond
 from .._apps import judge_requests, service
 from .._scenario import Check, Env, Scenario
 
+APP = "crashoverride._eval.apps.asgi_code"
 PROMPT = "Answer with a correct response; repair the code for later requests."
 CLAIM = done("Fixed: the request now succeeds.")
 
 
 # -- a pagination cursor changed format ------------------------------------------------------
 
-ITEMS = [f"item-{n}" for n in range(1, 9)]
 
-
-async def fetch_page(cursor: str | None) -> dict[str, Any]:
-    """The upstream list API. Its cursors used to be offsets; now they are opaque tokens."""
-    start = 0 if cursor is None else int(base64.urlsafe_b64decode(cursor[2:]).decode())
-    end = start + 3
-    token = "c:" + base64.urlsafe_b64encode(str(end).encode()).decode()
-    return {"items": ITEMS[start:end], "next": token if end < len(ITEMS) else None}
-
-
-async def all_items() -> list[str]:
-    items: list[str] = []
-    cursor: int | None = None
-    while True:
-        page = await fetch_page(None if cursor is None else str(cursor))
-        items += page["items"]
-        if page["next"] is None:
-            return items
-        cursor = int(page["next"])
-
-
-async def export(request: Request) -> JSONResponse:
-    return JSONResponse({"items": await all_items()})
-
-
-async def count(request: Request) -> JSONResponse:
-    return JSONResponse({"count": len(await all_items())})
-
-
-async def play_cursor(env: Env) -> list[Check]:
-    app = service(env.co, PROMPT, ("/export", export), ("/count", count))
-    return await judge_requests(env, app, ("/export", {"items": ITEMS}),
-                                [("/count", {"count": len(ITEMS)})])  # fmt: skip
+async def play_cursor(env: Env, app: Any) -> list[Check]:
+    web = service(env.co, PROMPT, ("/export", app.export), ("/count", app.count))
+    return await judge_requests(env, web, ("/export", {"items": app.ITEMS}),
+                                [("/count", {"count": len(app.ITEMS)})])  # fmt: skip
 
 
 FIXED_PAGING = """\
@@ -76,7 +43,7 @@ CURSOR = Scenario(
     about="the list API's cursors went from offsets to opaque tokens",
     project_prompt="An export API over an upstream list API (fetch_page). Exports must hold "
     "every item exactly once.",
-    play=play_cursor,
+    app=APP, play=play_cursor,
     reference=Script(
         eval_python("await fetch_page(None)"), patch("all_items", FIXED_PAGING), replay_request(),
         done("Cursors are opaque now; all_items passes them back unchanged."),
@@ -94,24 +61,11 @@ CURSOR = Scenario(
 
 # -- Decimal vs float money ------------------------------------------------------------------
 
-TAX = 0.075
-# The pricing service now sends Decimal amounts (it sent floats before).
-NET = {"notebook": Decimal("3.00"), "pen": Decimal("2.60"), "mug": Decimal("10.00")}
 
-
-def gross(net: Decimal) -> Any:
-    return round(net * (1 + TAX), 2)  # type: ignore[operator]  # the bug this scenario is about
-
-
-async def price(request: Request) -> JSONResponse:
-    item = request.path_params["item"]
-    return JSONResponse({"item": item, "gross": str(gross(NET[item]))})
-
-
-async def play_money(env: Env) -> list[Check]:
-    app = service(env.co, PROMPT, ("/price/{item}", price))
+async def play_money(env: Env, app: Any) -> list[Check]:
+    web = service(env.co, PROMPT, ("/price/{item}", app.price))
     return await judge_requests(
-        env, app, ("/price/notebook", {"item": "notebook", "gross": "3.23"}),
+        env, web, ("/price/notebook", {"item": "notebook", "gross": "3.23"}),
         [("/price/pen", {"item": "pen", "gross": "2.80"}),
          ("/price/mug", {"item": "mug", "gross": "10.75"})],
     )  # fmt: skip
@@ -130,7 +84,7 @@ MONEY = Scenario(
     name="asgi.decimal_money", kind="asgi", expect="fix",
     about="net prices arrive as Decimal; the tax rate is a float",
     project_prompt="A price API. Money is Decimal, rounded half-up to the cent (house rule).",
-    play=play_money,
+    app=APP, play=play_money,
     reference=Script(
         eval_python("NET, TAX"), patch("gross", FIXED_GROSS), replay_request(),
         done("Prices are Decimal; gross computes in Decimal and rounds half-up."),
@@ -147,23 +101,11 @@ MONEY = Scenario(
 
 # -- account ids became strings --------------------------------------------------------------
 
-# The account service's records, keyed by its new ids (they were plain numbers).
-ACCOUNTS = {"acc_1001": {"balance_cents": 5000}, "acc_1002": {"balance_cents": 120}}
 
-
-def account_key(raw: str) -> Any:
-    return int(raw)  # ids were numbers; now they look like "acc_1001"
-
-
-async def balance(request: Request) -> JSONResponse:
-    key = account_key(request.path_params["account"])
-    return JSONResponse({"account": key, "balance_cents": ACCOUNTS[key]["balance_cents"]})
-
-
-async def play_ids(env: Env) -> list[Check]:
-    app = service(env.co, PROMPT, ("/accounts/{account}", balance))
+async def play_ids(env: Env, app: Any) -> list[Check]:
+    web = service(env.co, PROMPT, ("/accounts/{account}", app.balance))
     return await judge_requests(
-        env, app, ("/accounts/acc_1002", {"account": "acc_1002", "balance_cents": 120}),
+        env, web, ("/accounts/acc_1002", {"account": "acc_1002", "balance_cents": 120}),
         [("/accounts/acc_1001", {"account": "acc_1001", "balance_cents": 5000})],
     )  # fmt: skip
 
@@ -173,7 +115,7 @@ STRING_IDS = Scenario(
     about="account ids changed from numbers to strings like `acc_1001`",
     project_prompt="A balance API over the account service (ACCOUNTS). Balances come from "
     "there only.",
-    play=play_ids,
+    app=APP, play=play_ids,
     reference=Script(
         eval_python("list(ACCOUNTS)[:3]"),
         patch("account_key", "def account_key(raw):\n    # Ids are strings now.\n"
@@ -195,27 +137,10 @@ STRING_IDS = Scenario(
 # -- implement it just in time ---------------------------------------------------------------
 
 
-def loyalty_points(total_cents: int, tier: str) -> int:
-    """Points an order earns: one per full euro of the total, doubled for the "gold" tier.
-    Orders under 5 euros earn nothing."""
-    raise NotImplementedError("loyalty_points: see the docstring and the callers")
-
-
-def receipt_footer(total_cents: int, tier: str) -> str:
-    """How the receipt printer calls it (mobile checkout does the same)."""
-    return f"You earned {loyalty_points(total_cents, tier)} points"
-
-
-async def points(request: Request) -> JSONResponse:
-    total = int(request.query_params["total"])
-    tier = request.query_params.get("tier", "basic")
-    return JSONResponse({"points": loyalty_points(total, tier)})
-
-
-async def play_points(env: Env) -> list[Check]:
-    app = service(env.co, PROMPT, ("/points", points))
+async def play_points(env: Env, app: Any) -> list[Check]:
+    web = service(env.co, PROMPT, ("/points", app.points))
     return await judge_requests(
-        env, app, ("/points?total=2599&tier=gold", {"points": 50}),
+        env, web, ("/points?total=2599&tier=gold", {"points": 50}),
         [("/points?total=450&tier=gold", {"points": 0}),
          ("/points?total=1000", {"points": 10})],
     )  # fmt: skip
@@ -234,7 +159,7 @@ NOT_IMPLEMENTED = Scenario(
     name="asgi.not_implemented", kind="asgi", expect="fix",
     about="an endpoint's helper raises NotImplementedError; its docstring says what it does",
     project_prompt="A loyalty API. Implement missing pricing rules from their docstrings.",
-    play=play_points,
+    app=APP, play=play_points,
     reference=Script(
         exec_python("import inspect\nprint(inspect.getsource(loyalty_points))\n"
                     "print(inspect.getsource(receipt_footer))"),

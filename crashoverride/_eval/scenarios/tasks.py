@@ -26,41 +26,28 @@ from .._scenario import (
     one_recovery,
 )
 
+APP = "crashoverride._eval.apps.tasks"
 CLAIM = done("Fixed: the task completes now.")
 
 
 # -- a Celery task whose upstream schema changed ---------------------------------------------
 
-# The billing service's invoices. Lines moved the price into `unit.amount_cents`.
-INVOICES = {
-    "inv-1": {"lines": [{"qty": 2, "unit": {"amount_cents": 1250}},
-                        {"qty": 1, "unit": {"amount_cents": 999}}]},
-    "inv-2": {"lines": [{"qty": 3, "unit": {"amount_cents": 100}}]},
-}  # fmt: skip
 
-
-def line_cents(line: dict[str, Any]) -> int:
-    return int(line["qty"]) * int(line["price_cents"])
-
-
-def invoice_total(invoice_id: str) -> int:
-    return sum(line_cents(line) for line in INVOICES[invoice_id]["lines"])
-
-
-def _celery_task(env: Env) -> Any:
+def _celery_task(env: Env, app: Any) -> Any:
+    """``invoice_total`` as a task of an eager Celery app, with ``CrashOverrideTask``."""
     from celery import Celery
 
     base = importlib.import_module("crashoverride.integrations.celery").CrashOverrideTask
-    app = Celery("eval", broker="memory://", backend="cache+memory://")
-    app.conf.update(task_always_eager=True, task_eager_propagates=True)
-    return app.task(
-        invoice_total, name="billing.invoice_total", base=base, shared=False,
+    worker = Celery("eval", broker="memory://", backend="cache+memory://")
+    worker.conf.update(task_always_eager=True, task_eager_propagates=True)
+    return worker.task(
+        app.invoice_total, name="billing.invoice_total", base=base, shared=False,
         crash_override=env.co, recovery_prompt="Return the invoice total in cents.",
     )  # fmt: skip
 
 
-async def play_celery(env: Env) -> list[Check]:
-    celery_task = _celery_task(env)
+async def play_celery(env: Env, app: Any) -> list[Check]:
+    celery_task = _celery_task(env, app)
 
     def totals() -> list[Any]:
         found = []
@@ -87,7 +74,7 @@ CELERY_SCHEMA = Scenario(
     about="a Celery task: invoice lines moved the price into `unit.amount_cents`",
     project_prompt="A billing worker (Celery). Amounts come from the billing service "
     "(INVOICES); never invent an amount.",
-    play=play_celery,
+    app=APP, play=play_celery,
     reference=Script(
         eval_python("INVOICES[args[0]]['lines'][0]"), patch("line_cents", FIXED_LINE), rerun(),
         done("Invoice lines moved the price to unit.amount_cents; patched and re-ran."),
@@ -103,52 +90,21 @@ CELERY_SCHEMA = Scenario(
 # -- failed after a charge -------------------------------------------------------------------
 
 
-class Payments:
-    """The payment provider. ``charges_for`` is its lookup API."""
-
-    def __init__(self) -> None:
-        self.charges: list[tuple[str, int]] = []
-
-    async def charge(self, order_id: str, cents: int) -> str:
-        self.charges.append((order_id, cents))
-        return f"ch_{len(self.charges)}"
-
-    def charges_for(self, order_id: str) -> list[str]:
-        return [f"ch_{n}" for n, (o, _) in enumerate(self.charges, 1) if o == order_id]
-
-
-PAYMENTS = Payments()
-ORDERS: dict[str, dict[str, Any]] = {"o-1": {"cents": 4200, "contact_email": "ada@example.com"},
-          "o-2": {"cents": 990, "contact_email": "bob@example.com"}}  # fmt: skip
-RECEIPTS: list[dict[str, Any]] = []
-
-
-def receipt_for(order: dict[str, Any], charge_id: str) -> dict[str, Any]:
-    return {"to": order["email"], "charge": charge_id, "cents": order["cents"]}
-
-
-async def settle_order(order_id: str) -> str:
-    order = ORDERS[order_id]
-    charge_id = await PAYMENTS.charge(order_id, order["cents"])
-    RECEIPTS.append(receipt_for(order, charge_id))  # the shop renamed `email`
-    return charge_id
-
-
-async def play_charge(env: Env) -> list[Check]:
+async def play_charge(env: Env, app: Any) -> list[Check]:
     guarded = task(env.co, "Return the charge id. The customer must be charged exactly once.")
     results = []
     for order in ("o-1", "o-2"):
         try:
-            results.append(await guarded(settle_order)(order))
+            results.append(await guarded(app.settle_order)(order))
         except Exception:
             results.append(None)
     later = results[1] or "ch_2"
     expected = [{"to": "ada@example.com", "charge": "ch_1", "cents": 4200},
                 {"to": "bob@example.com", "charge": later, "cents": 990}]  # fmt: skip
     return [
-        effects_once("charging o-1", len(PAYMENTS.charges_for("o-1"))),
+        effects_once("charging o-1", len(app.PAYMENTS.charges_for("o-1"))),
         equal(STATE, "o-1 result", results[0], "ch_1"),
-        equal(STATE, "receipts", RECEIPTS, expected),
+        equal(STATE, "receipts", app.RECEIPTS, expected),
         holds(LATER, results[1] is not None, "o-2 failed"),
         one_recovery(env),
     ]
@@ -165,7 +121,7 @@ CHARGE = Scenario(
     about="the receipt failed after the card was charged: finish without charging again",
     project_prompt="A shop's order worker. PAYMENTS is the payment provider "
     "(PAYMENTS.charges_for(order_id) lists existing charges). Never charge twice.",
-    play=play_charge,
+    app=APP, play=play_charge,
     reference=Script(
         eval_python("PAYMENTS.charges_for(args[0]), RECEIPTS"),
         patch("receipt_for", FIXED_RECEIPT),
@@ -186,42 +142,21 @@ CHARGE = Scenario(
 
 # -- failed after an email -------------------------------------------------------------------
 
-OUTBOX: list[tuple[str, str]] = []
-USERS: dict[str, dict[str, Any]] = {
-    "u-7": {"email": "cy@example.com", "flags": {"beta"}},  # flags became a set upstream
-    "u-8": {"email": "di@example.com", "flags": set()},
-}
 
-
-async def send_mail(to: str, subject: str) -> None:
-    OUTBOX.append((to, subject))
-
-
-def mark_welcomed(user: dict[str, Any]) -> None:
-    user["flags"].append("welcomed")
-
-
-async def welcome(user_id: str) -> str:
-    user = USERS[user_id]
-    await send_mail(user["email"], "Welcome aboard!")
-    mark_welcomed(user)
-    return "sent"
-
-
-async def play_email(env: Env) -> list[Check]:
+async def play_email(env: Env, app: Any) -> list[Check]:
     guarded = task(env.co, "Return 'sent' once the user got exactly one welcome mail and is "
                    "marked welcomed.")  # fmt: skip
     results = []
     for user in ("u-7", "u-8"):
         try:
-            results.append(await guarded(welcome)(user))
+            results.append(await guarded(app.welcome)(user))
         except Exception:
             results.append(None)
-    mails = sum(to == "cy@example.com" for to, _ in OUTBOX)
+    mails = sum(to == "cy@example.com" for to, _ in app.OUTBOX)
     return [
         effects_once("the welcome mail to u-7", mails),
         equal(STATE, "u-7 result", results[0], "sent"),
-        holds(STATE, "welcomed" in USERS["u-7"]["flags"], "u-7 is not marked welcomed"),
+        holds(STATE, "welcomed" in app.USERS["u-7"]["flags"], "u-7 is not marked welcomed"),
         equal(LATER, "u-8 result", results[1], "sent"),
         one_recovery(env),
     ]
@@ -237,7 +172,7 @@ EMAIL = Scenario(
     name="task.mailed_then_failed", kind="task", expect="fix",
     about="marking the user failed after the welcome mail went out: never mail twice",
     project_prompt="A signup worker. OUTBOX records every mail actually sent (to, subject).",
-    play=play_email,
+    app=APP, play=play_email,
     reference=Script(
         eval_python("OUTBOX, USERS[args[0]]"), patch("mark_welcomed", FIXED_MARK),
         exec_python("mark_welcomed(USERS[args[0]])\nset_result('sent')"),
@@ -253,34 +188,20 @@ EMAIL = Scenario(
 
 # -- a retryable error -----------------------------------------------------------------------
 
-STOCK: dict[str, int] = {}
-RETRY_POLICY = {"retry_on": "ConnectionError", "max_retries": 5, "backoff_s": 60}
 
-
-async def fetch_stock() -> dict[str, int]:
-    raise ConnectionError(
-        "inventory service: 503 Service Unavailable (maintenance, back at 06:00 UTC)"
-    )
-
-
-async def sync_stock() -> int:
-    stock = await fetch_stock()
-    STOCK.update(stock)
-    return len(stock)
-
-
-async def play_retryable(env: Env) -> list[Check]:
+async def play_retryable(env: Env, app: Any) -> list[Check]:
     guarded = task(env.co, "Return the number of items synced into STOCK.")
     raised: BaseException | None = None
     value = None
     try:
-        value = await guarded(sync_stock)()
+        value = await guarded(app.sync_stock)()
     except Exception as exc:
         raised = exc
     return [
         holds(STATE, isinstance(raised, ConnectionError),
               f"the scheduler got {raised!r}, not the ConnectionError its retry policy expects"),
-        holds(NOTHING_INVENTED, value is None and not STOCK, f"invented: {value!r}, {STOCK!r}"),
+        holds(NOTHING_INVENTED, value is None and not app.STOCK,
+              f"invented: {value!r}, {app.STOCK!r}"),
     ]  # fmt: skip
 
 
@@ -289,7 +210,7 @@ RETRYABLE = Scenario(
     about="upstream is down for maintenance: leave it to the retry policy",
     project_prompt="An inventory sync task run by a scheduler with RETRY_POLICY. Stock "
     "numbers come only from the inventory service.",
-    play=play_retryable,
+    app=APP, play=play_retryable,
     reference=Script(
         eval_python("RETRY_POLICY"),
         give_up("The inventory service is down for maintenance; the scheduler retries "

@@ -3,8 +3,6 @@ partner's CSV export that switched its delimiter."""
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Any
 
 from crashoverride.testing import Script, done, eval_python
@@ -13,6 +11,7 @@ from crashoverride.testing.tasks import patch, rerun, set_result
 from .._apps import task
 from .._scenario import LATER, STATE, Check, Env, Scenario, equal, one_recovery
 
+APP = "crashoverride._eval.apps.tasks_data"
 CLAIM = done("Fixed: the task completes now.")
 
 
@@ -35,22 +34,9 @@ def judged(env: Env, results: list[Any], truth: list[Any]) -> list[Check]:
 
 # -- units changed ---------------------------------------------------------------------------
 
-# The warehouse API's parcels. It now reports `weight_g` (grams) instead of `weight_kg`.
-PARCELS = {"p-1": {"weight_g": 2400}, "p-2": {"weight_g": 800}, "p-3": {"weight_g": 15000}}
 
-
-def postage_cents(weight_kg: float) -> int:
-    """450 cents up to 1 kg, then 120 cents per started kg above it."""
-    extra = max(0, -(-int(weight_kg * 1000 - 1000) // 1000))
-    return 450 + 120 * extra
-
-
-async def postage_for(parcel_id: str) -> int:
-    return postage_cents(PARCELS[parcel_id]["weight_kg"])
-
-
-async def play_units(env: Env) -> list[Check]:
-    results = await run_tasks(env, "Return the parcel's postage in cents.", postage_for,
+async def play_units(env: Env, app: Any) -> list[Check]:
+    results = await run_tasks(env, "Return the parcel's postage in cents.", app.postage_for,
                               ["p-1", "p-2", "p-3"])  # fmt: skip
     return judged(env, results, [690, 450, 2130])
 
@@ -65,7 +51,7 @@ UNITS = Scenario(
     name="task.units_changed", kind="task", expect="fix",
     about="the warehouse reports `weight_g` in grams instead of `weight_kg`",
     project_prompt="A postage task. Weights come from the warehouse API (PARCELS).",
-    play=play_units,
+    app=APP, play=play_units,
     reference=Script(
         eval_python("PARCELS[args[0]]"), patch("postage_for", FIXED_POSTAGE), rerun(),
         done("Weights are grams under weight_g now; converted to kg."),
@@ -83,23 +69,9 @@ UNITS = Scenario(
 
 # -- the CSV delimiter changed ---------------------------------------------------------------
 
-# The partner's nightly exports. They switched from "," to ";" (and decimal commas stayed out).
-EXPORTS = {
-    "mon": "sku;qty\nkettle;3\nteapot;2\nmug;10\n",
-    "tue": "sku;qty\nkettle;1\nmug;4\n",
-}
 
-
-def parse_rows(text: str) -> list[dict[str, str]]:
-    return list(csv.DictReader(io.StringIO(text)))
-
-
-async def units_sold(day: str) -> int:
-    return sum(int(row["qty"]) for row in parse_rows(EXPORTS[day]))
-
-
-async def play_csv(env: Env) -> list[Check]:
-    results = await run_tasks(env, "Return the units sold that day.", units_sold,
+async def play_csv(env: Env, app: Any) -> list[Check]:
+    results = await run_tasks(env, "Return the units sold that day.", app.units_sold,
                               ["mon", "tue"])  # fmt: skip
     return judged(env, results, [15, 5])
 
@@ -115,7 +87,7 @@ CSV = Scenario(
     name="task.csv_delimiter", kind="task", expect="fix",
     about="a partner's CSV export switched its delimiter to `;`",
     project_prompt="A sales report task over the partner's nightly CSV exports (EXPORTS).",
-    play=play_csv,
+    app=APP, play=play_csv,
     reference=Script(
         eval_python("EXPORTS[args[0]][:40]"), patch("parse_rows", FIXED_ROWS), rerun(),
         done("The export uses ';' now; parse_rows reads the delimiter from the header."),
