@@ -86,51 +86,70 @@ class RedisStreamLedger:
             raise ValueError(f"maxlen must be a positive int, got {maxlen!r}")
         self.url, self.stream = _split_stream(url, stream)
         self.maxlen = maxlen
+        self._reset()
+
+    def _reset(self) -> None:
+        # Per process: a child forked from a process that wrote has none of its thread.
+        self._pid = os.getpid()
         self._queue: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
         self._worker: threading.Thread | None = None
 
     def __call__(self, report: RecoveryReport) -> None:
-        if self._queue.qsize() >= _PENDING_LIMIT:
-            _log.emit("error", _log.LEDGER_FAILED, recovery_id=report.recovery_id,
-                      error="too many records waiting for Redis; this one is dropped")  # fmt: skip
-            return
-        self._queue.put((report.recovery_id, _line(report)))
-        self._start()
+        self._enqueue((report.recovery_id, _line(report)))
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every record so far was written (or failed); False on time-out."""
         done = threading.Event()
-        self._queue.put(done)
-        self._start()
+        self._enqueue(done)
         return done.wait(timeout)
 
-    def _start(self) -> None:
+    def _enqueue(self, item: Any) -> None:
+        if self._pid != os.getpid():
+            self._reset()
+        if isinstance(item, tuple) and self._queue.qsize() >= _PENDING_LIMIT:
+            _log.emit("error", _log.LEDGER_FAILED, recovery_id=item[0],
+                      error="too many records waiting for Redis; this one is dropped")  # fmt: skip
+            return
+        self._queue.put(item)
         with self._lock:
-            if self._worker is None or not self._worker.is_alive():
+            if self._worker is None:
                 self._worker = threading.Thread(
                     target=self._drain, name="crashoverride-ledger", daemon=True
                 )
                 self._worker.start()
 
     def _drain(self) -> None:
-        import redis
+        client: Any = None
+        try:
+            while True:
+                try:
+                    item = self._queue.get(timeout=30)
+                except queue.Empty:
+                    with self._lock:  # idle: end, unless a record came meanwhile
+                        if self._queue.empty():
+                            self._worker = None
+                            return
+                    continue
+                if isinstance(item, threading.Event):
+                    item.set()
+                    continue
+                recovery_id, line = item
+                try:
+                    if client is None:
+                        import redis
 
-        client = redis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=5)
-        while True:
-            try:
-                item = self._queue.get(timeout=30)
-            except queue.Empty:
-                return  # idle: the next record starts a worker again
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            recovery_id, line = item
-            try:
-                client.xadd(self.stream, {FIELD: line, "recovery_id": recovery_id},
-                            maxlen=self.maxlen, approximate=False)  # fmt: skip
-            except Exception as exc:
-                _log.emit("error", _log.LEDGER_FAILED, recovery_id=recovery_id, error=repr(exc))
+                        client = redis.Redis.from_url(
+                            self.url, socket_timeout=5, socket_connect_timeout=5
+                        )
+                    client.xadd(self.stream, {FIELD: line, "recovery_id": recovery_id},
+                                maxlen=self.maxlen, approximate=False)  # fmt: skip
+                except Exception as exc:
+                    _log.emit("error", _log.LEDGER_FAILED, recovery_id=recovery_id,
+                              error=repr(exc))  # fmt: skip
+        finally:
+            if client is not None:
+                client.close()
 
     def __repr__(self) -> str:
         return f"RedisStreamLedger(stream={self.stream!r}, maxlen={self.maxlen})"

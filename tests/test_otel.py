@@ -265,3 +265,14 @@ def test_without_a_configured_provider_a_recovery_makes_no_telemetry() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.endswith("ok\n"), done.stderr
+
+
+def test_a_failure_an_entry_point_lets_pass_is_counted_as_skipped(otel: Telemetry) -> None:
+    from crashoverride import integration
+
+    handler = CrashOverride(model="unused").handler(name="otel-entry-skip")
+    integration.skip(handler, KeyError("late"), "the response had already started; ...")
+    [reason] = otel.points("crashoverride.recoveries.skipped", "otel-entry-skip")
+    assert (reason.attributes["reason"], reason.value) == ("response_started", 1)
+    [counted] = otel.points("crashoverride.recoveries", "otel-entry-skip")
+    assert (counted.attributes["outcome"], counted.value) == ("skipped", 1)
