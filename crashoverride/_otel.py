@@ -104,11 +104,12 @@ class OtelWatch:
     """The spans of one recovery."""
 
     def __init__(self, rec: Any) -> None:
-        self.redact = rec.redact
-        self.handler: str = rec.handler
-        self.model: str = rec.settings.model_label
-        self.exc_type: str = rec.exc_type
-        self.message = clip(rec.exception_text.removeprefix(rec.exc_type + ": "), TEXT_LIMIT)
+        # Every text exported passes the recovery's redactor, names from the settings too.
+        self.redact = redact = rec.redact
+        self.handler: str = redact(rec.handler)
+        self.model: str = redact(rec.settings.model_label)
+        self.exc_type: str = redact(rec.exc_type)
+        self.message = clip(rec.exception_text.removeprefix(self.exc_type + ": "), TEXT_LIMIT)
         self.traceback: str = rec.traceback_text  # redacted by the recovery
         self.tracer = trace.get_tracer(SCOPE, _version())
         attributes: dict[str, Any] = {
