@@ -26,6 +26,7 @@ MODULES = [
     "benchmarks.bench_readonly",
     "benchmarks.bench_credentials",
     "benchmarks.bench_secrets",
+    "benchmarks.bench_eval",
 ]
 
 

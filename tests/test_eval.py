@@ -123,9 +123,12 @@ def test_the_command_needs_a_model(
     assert "--base-url" in capsys.readouterr().err
 
 
-def test_the_python_api_takes_a_model_instance() -> None:
+def test_the_python_api_takes_a_model_instance_and_instructions_to_try() -> None:
     reference = next(s for s in SCENARIOS if s.name == "scraper.markup_changed").reference
-    trials = crashoverride.evaluate(model=reference.model(), scenarios=["scraper.markup_*"])
+    model = reference.model()
+    trials = crashoverride.evaluate(model=model, scenarios=["scraper.markup_*"],
+                                    system_prompt="Candidate instructions under test.")  # fmt: skip
     assert [(t.scenario, t.agent, t.verdict) for t in trials] == [
         ("scraper.markup_changed", "model", "recovered")
     ]
+    assert model.first_call.system_instructions.startswith("Candidate instructions under test.")

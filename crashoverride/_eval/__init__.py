@@ -26,6 +26,7 @@ def evaluate(
     repeat: int = 1,
     timeout: float = 120.0,
     max_turns: int = 20,
+    system_prompt: str | None = None,
     progress: Progress | None = None,
 ) -> list[Trial]:
     """Run the recovery scenarios against a model and return every trial's verdict.
@@ -39,7 +40,8 @@ def evaluate(
         repeat: Trials per scenario.
         timeout: Seconds one recovery may take.
         max_turns: Model turns per recovery.
+        system_prompt: Instructions to try instead of the built-in ones.
         progress: Called with ``(done, total, label)`` before every trial.
     """
-    target = Target(model, base_url, api_key, timeout, max_turns)
+    target = Target(model, base_url, api_key, timeout, max_turns, system_prompt)
     return run_suite(target, patterns=scenarios, repeat=repeat, progress=progress)

@@ -33,6 +33,8 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds one recovery may take (default: 120)")  # fmt: skip
     parser.add_argument("--max-turns", type=int, default=20, help="model turns per recovery")
+    parser.add_argument("--system-prompt", metavar="FILE",
+                        help="try these instructions instead of the built-in ones")  # fmt: skip
     parser.add_argument("--scripted", metavar="AGENT",
                         help="play scripted agents instead of a model: 'reference', 'bad', or "
                         "one bad agent's name (no model involved)")  # fmt: skip
@@ -58,7 +60,7 @@ class Progress:
         self.stream.flush()
 
 
-def _quiet_events() -> None:
+def quiet_events() -> None:
     # The command is an application: it decides that recovery events are not printed over the
     # table (the JSON and the table carry what they say).
     import structlog
@@ -76,6 +78,12 @@ def main(args: argparse.Namespace) -> int:
     from ._results import as_json, table
     from ._runner import Target, catalogue, run_suite
 
+    try:
+        catalogue()
+    except ModuleNotFoundError as exc:  # the applications are Starlette apps and Celery tasks
+        print(f"crashoverride eval needs {exc.name}: pip install 'crashoverride[all]'",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if args.list:
         for scenario in catalogue(args.scenario or ["*"]):
             trap = " trap" if scenario.trap else ""
@@ -91,11 +99,16 @@ def main(args: argparse.Namespace) -> int:
               "OPENAI_API_KEY; --scripted reference plays the scripted agents",
               file=sys.stderr)  # fmt: skip
         return 2
-    _quiet_events()
+    quiet_events()
     # Local servers (Ollama, vLLM, LiteLLM) accept any key; the client insists on one.
+    instructions = None
+    if args.system_prompt:
+        with open(args.system_prompt, encoding="utf-8") as text:
+            instructions = text.read()
     target = Target(model=args.model, base_url=args.base_url,
                     api_key=key or ("local" if args.base_url else None),
-                    timeout=args.timeout, max_turns=args.max_turns)  # fmt: skip
+                    timeout=args.timeout, max_turns=args.max_turns,
+                    system_prompt=instructions)  # fmt: skip
     trials = run_suite(target, patterns=args.scenario or ["*"], repeat=args.repeat,
                        scripted=args.scripted, progress=Progress(sys.stderr))  # fmt: skip
     if not trials:
@@ -106,7 +119,8 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         meta = {"model": "scripted" if scripted else (args.model or "(SDK default)"),
                 "base_url": None if scripted else args.base_url, "scripted": scripted,
-                "scripted_agents": args.scripted, "repeat": args.repeat}  # fmt: skip
+                "scripted_agents": args.scripted, "repeat": args.repeat,
+                "system_prompt": args.system_prompt or "built-in"}  # fmt: skip
         with open(args.json, "w", encoding="utf-8") as out:
             out.write(as_json(trials, meta) + "\n")
     harmful = {"false_success", "damaged", "error"}

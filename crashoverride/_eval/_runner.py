@@ -42,6 +42,7 @@ class Target:
     api_key: str | None = None
     timeout: float = 120.0
     max_turns: int = 20
+    system_prompt: str | None = None  # None: the built-in instructions
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def run_trial(scenario: Scenario, target: Target, agent: str = "model") -> Trial
         env = Env(co=None)  # type: ignore[arg-type]  # set below, with the report collector
         env.co = CrashOverride(
             model=target.model, base_url=target.base_url, api_key=target.api_key,
-            timeout=target.timeout, max_turns=target.max_turns,
+            timeout=target.timeout, max_turns=target.max_turns, system_prompt=target.system_prompt,
             project_prompt=scenario.project_prompt, on_recovery=env.reports.append,
         )  # fmt: skip
         began = time.perf_counter()
