@@ -276,3 +276,50 @@ def test_a_failure_an_entry_point_lets_pass_is_counted_as_skipped(otel: Telemetr
     assert (reason.attributes["reason"], reason.value) == ("response_started", 1)
     [counted] = otel.points("crashoverride.recoveries", "otel-entry-skip")
     assert (counted.attributes["outcome"], counted.value) == ("skipped", 1)
+
+
+@pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
+def test_celery_task_trace_holds_the_recovery_in_a_real_worker(otel: Telemetry) -> None:
+    import gc
+    import os
+    import warnings
+
+    from celery import Celery
+    from celery.contrib.testing.worker import start_worker
+    from crashoverride.integrations.celery import CrashOverrideTask, install
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    from tests.integrations.celery_support import redis_url
+
+    queue = f"co-otel-{os.urandom(4).hex()}"
+    co = CrashOverride(model=scripted(exec_step("set_result(4200)"), done_step("read amount")))
+    CeleryInstrumentor().instrument()
+    try:
+        with redis_url() as url:
+            app = Celery("co_otel", broker=url, backend=url, task_cls=CrashOverrideTask)
+            app.conf.update(task_default_queue=queue, broker_connection_retry_on_startup=True,
+                            worker_hijack_root_logger=False)  # fmt: skip
+            install(app, co)
+
+            @app.task(shared=False, name="otel.total", recovery_prompt="Return the total.")
+            def total() -> int:
+                return int({"amount_cents": 4200}["total"])
+
+            with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue],
+                              loglevel="WARNING", shutdown_timeout=30):  # fmt: skip
+                with otel.tracer.start_as_current_span("enqueue") as parent:
+                    assert total.delay().get(timeout=60) == 4200
+            app.backend.client.connection_pool.disconnect()
+            app.close()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ResourceWarning)
+                gc.collect()
+    finally:
+        CeleryInstrumentor().uninstrument()
+    # The worker's task span continues the sender's trace; the recovery sits in the task span.
+    spans = otel.trace_of(parent.get_span_context().trace_id)
+    recovery = _only(spans, "crashoverride.recovery")
+    run = _only(spans, "run/otel.total")
+    assert run.kind.name == "CONSUMER" and recovery.parent.span_id == run.context.span_id
+    assert recovery.attributes["crashoverride.outcome"] == "recovered"
+    assert recovery.attributes["crashoverride.handler"] == "otel.total"
