@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
 
         with open(args.html, "w", encoding="utf-8") as out:
             out.write(page(reports))
-        print(f"wrote {args.html} ({len(reports)} recoveries)")
+        count = len(reports)
+        print(f"wrote {args.html} ({count} {'recovery' if count == 1 else 'recoveries'})")
         return 0
     from ._transcript import render
 
