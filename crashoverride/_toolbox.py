@@ -197,10 +197,11 @@ TOOLS: Final = (
     ),
     Tool(
         "inspect_python", Kind.INSPECTION, ONLY_DIAGNOSE,
-        "Evaluate a read-only Python expression: values, attributes, indexing, and calls to "
-        "inspection functions only (len, type, repr, isinstance, sorted, getattr, vars, dir, "
-        "show_source and similar) and to read-only methods such as keys/items/get. No "
-        "assignments, no other calls.",
+        "Evaluate a Python expression in a throwaway snapshot of the live process: it sees "
+        "every value, and nothing it does (writes, calls, I/O) reaches the process; writes, "
+        "files, sockets and subprocesses are refused. Where no snapshot can be taken, only "
+        "plain data, attributes, indexing and inspection functions work (len, type, repr, "
+        "isinstance, sorted, getattr, vars, dir, show_source and similar).",
         (Param("expression", "A Python expression that only looks at values and source."),),
         _inspect_python,
     ),
