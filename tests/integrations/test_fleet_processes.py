@@ -313,3 +313,49 @@ def _celery_results(url: str, queue: str, count: int) -> list[Any]:
             consumer.stop()
         client.backend.client.connection_pool.disconnect()
         client.close()
+
+
+# --------------------------------------------------------------------------------- fork
+
+
+FORKED = """
+import json, os, sys
+import structlog
+structlog.configure(logger_factory=structlog.ReturnLoggerFactory())
+from crashoverride import CrashOverride, RedisCoordination
+from tests.helpers import done_step, exec_step, scripted
+
+def first(value):
+    raise LookupError("first")
+
+def second(value):
+    raise LookupError("second")
+
+fix = "replace_function({name}, 'def {name}(value):\\\\n    return value + 1\\\\n')\\nrerun()"
+model = scripted(exec_step(fix.format(name="first")), done_step(),
+                 exec_step(fix.format(name="second")), done_step())
+fleet = RedisCoordination(sys.argv[1], namespace=sys.argv[2], key="k" * 16, op_timeout=1.0)
+co = CrashOverride(model=model, coordination=fleet)
+call_first, call_second = co.handler()(first), co.handler()(second)
+assert call_first(1) == 2  # the parent's helper thread and client exist now
+pid = os.fork()
+if pid == 0:  # the child (gunicorn --preload, a prefork pool): a thread and client of its own
+    value = call_second(10)
+    print(json.dumps({"child": value}), flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print(json.dumps({"status": status}), flush=True)
+"""
+
+
+def test_a_forked_child_coordinates_through_a_client_of_its_own() -> None:
+    with fleet_db() as url:
+        namespace = new_namespace()
+        USED[url].append(namespace)
+        done = subprocess.run(
+            [sys.executable, "-c", FORKED, url, namespace], cwd=ROOT, capture_output=True,
+            text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    assert lines == [{"child": 11}, {"status": 0}]
