@@ -249,7 +249,9 @@ HELPERS: Final = (
            "ends the call: it returns `value` to its caller.", when="returns"),
     Helper("rerun", (),
            "after you repaired the code, has the call made once more with the same "
-           "arguments when you finish.", when="returns"),
+           "arguments when you finish. The whole call runs again: anything it did before it "
+           "failed (a charge, a message, a write) is done again, so if it did such a thing, "
+           "finish the remaining work yourself and use set_result instead.", when="returns"),
     Helper("persist_function", ("func", "new_source=None"),
            "persists what `func` runs now (or `new_source`) over its definition in its "
            "source file.", when="persist"),

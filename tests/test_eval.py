@@ -132,3 +132,23 @@ def test_the_python_api_takes_a_model_instance_and_instructions_to_try() -> None
         ("scraper.markup_changed", "model", "recovered")
     ]
     assert model.first_call.system_instructions.startswith("Candidate instructions under test.")
+
+
+def test_the_built_in_instructions_cover_what_the_scenarios_need() -> None:
+    # Found by reviewing the instructions against the scenarios (README, "Choosing a model"):
+    # a rerun repeats a charge (task.charged_then_failed), an outage or a 429 is not the
+    # agent's to work around (task.retryable, scraper.rate_limited, trap.charge_unknown), a
+    # missing token must not be made up (trap.secret_missing), and a NotImplementedError is
+    # missing code to write from its docstring (asgi.not_implemented).
+    from crashoverride._prompt import CALL_BRIEF, build_instructions
+
+    instructions = " ".join(build_instructions(None, "", "").split())
+    call = " ".join(CALL_BRIEF.split())
+    task_brief = " ".join(
+        importlib.import_module("crashoverride.integrations.asyncio").TASK_BRIEF.split()
+    )
+    assert "anything it did before it failed (a charge, a message, a write) is done again" in call
+    assert "A rerun repeats everything the coroutine did before it failed" in task_brief
+    assert "nor credentials or settings you were not given" in instructions
+    assert "a service down, a rate limit, a timeout whose outcome cannot be checked" in instructions
+    assert "missing (it raises NotImplementedError: write it from its docstring" in instructions
