@@ -179,3 +179,87 @@ def test_fastapi_one_event_per_exception_recovered_or_not() -> None:
     assert "crashoverride: recovery rec_" in exception["value"]
     assert second["contexts"]["crashoverride"]["outcome"] == "failed"
     assert len(sent.attachments()) == 1
+
+
+# A fresh interpreter: Sentry's Celery integration must be initialised before the worker's
+# modules are imported (as in a worker process), which this test process is past.
+_CELERY_WORKER = """
+import json, os, sys, warnings
+
+import sentry_sdk
+from sentry_sdk.integrations.celery import CeleryIntegration
+from sentry_sdk.transport import Transport
+
+events = []
+
+
+class Memory(Transport):
+    def capture_envelope(self, envelope):
+        event = envelope.get_event()
+        if event is not None:
+            events.append(event)
+
+
+sentry_sdk.init(dsn="https://public@sentry.invalid/1", transport=Memory(),
+                integrations=[CeleryIntegration()])
+warnings.simplefilter("ignore", DeprecationWarning)  # celery's Redis backend, not ours
+
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from crashoverride import CrashOverride
+from crashoverride.integrations.celery import CrashOverrideTask, install
+from tests.helpers import done_step, exec_step, give_up_step, scripted
+
+url, queue = sys.argv[1], sys.argv[2]
+app = Celery("co_sentry", broker=url, backend=url, task_cls=CrashOverrideTask)
+app.conf.update(task_default_queue=queue, broker_connection_retry_on_startup=True,
+                worker_hijack_root_logger=False)
+steps = [exec_step("set_result(4200)"), done_step("read amount"), give_up_step("no such rate")]
+install(app, CrashOverride(model=scripted(*steps)))
+
+
+@app.task(shared=False, name="sentry.total", recovery_prompt="Return the total.")
+def total():
+    return int({"amount_cents": 4200}["total"])
+
+
+@app.task(shared=False, name="sentry.rate", recovery_prompt="Return the rate.")
+def rate():
+    raise LookupError("rate for XYZ")
+
+
+with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue],
+                  loglevel="WARNING", shutdown_timeout=30):
+    assert total.delay().get(timeout=60) == 4200
+    try:
+        rate.delay().get(timeout=60)
+    except LookupError:
+        pass
+print(json.dumps(events, default=str))
+"""
+
+
+def test_celery_worker_one_event_per_exception_recovered_or_not() -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.integrations.celery_support import redis_url
+
+    with redis_url() as url:
+        done = subprocess.run(
+            [sys.executable, "-c", _CELERY_WORKER, url, f"co-sentry-{os.urandom(4).hex()}"],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    recovered, failed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert recovered["level"] == "warning"
+    assert recovered["exception"]["values"][-1]["mechanism"]["handled"] is True
+    assert recovered["contexts"]["crashoverride"]["outcome"] == "recovered"
+    assert failed["level"] == "error"
+    [exception] = failed["exception"]["values"]
+    assert exception["mechanism"] == {"type": "celery", "handled": False}  # Sentry's own
+    assert "crashoverride: recovery rec_" in exception["value"]
+    assert failed["contexts"]["crashoverride"]["reason"] == "the agent gave up: no such rate"
