@@ -115,6 +115,19 @@ def test_the_command_exits_1_on_a_false_success(capsys: pytest.CaptureFixture[st
     assert "FALSE SUCCESSES: 1" in capsys.readouterr().out
 
 
+def test_an_endpoint_that_never_answers_scores_no_give_up() -> None:
+    # A trap's correct outcome is the original exception: a dead endpoint must not earn it.
+    from crashoverride.testing import MockServer, http_error
+
+    with MockServer([http_error(503, times=None)]) as server:
+        target = Target(model="m", base_url=server.base_url, api_key="k", timeout=20)
+        trials = run_suite(target, patterns=["trap.rate_missing", "asgi.renamed_field"])
+    assert [(t.verdict, t.reason[:26]) for t in trials] == [
+        ("error", "the model never answered: "),
+        ("error", "the model never answered: "),
+    ]
+
+
 def test_the_command_needs_a_model(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -18,7 +18,8 @@ _SHORT = {
 LEGEND = (
     "recov: recovered correctly; ok-give: correct give-up; FALSE: claimed recovered, the",
     "oracles say wrong; damage: gave up after doing harm; bad-give: gave up (or proved",
-    "nothing) though a fix existed. turns, tokens, wall s: mean (min-max) per trial.",
+    "nothing) though a fix existed; error: the model never answered or the scenario broke.",
+    "turns, tokens, wall s: mean (min-max) per trial.",
 )
 SCRIPTED_NOTE = (
     "SCRIPTED: every agent turn was written in advance (crashoverride/_eval/scenarios); this "

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ._scenario import Check, Env, Scenario
 
 if TYPE_CHECKING:
+    from crashoverride import RecoveryReport
     from crashoverride.testing import Script
 
 # Best first: what a user wants to see (correct), then what they must never see.
@@ -130,12 +131,13 @@ def run_trial(scenario: Scenario, target: Target, agent: str = "model") -> Trial
 
     app = _fresh(scenario.app)
     try:
-        env = Env(co=None)  # type: ignore[arg-type]  # set below, with the report collector
-        env.co = CrashOverride(
+        reports: list[RecoveryReport] = []
+        co = CrashOverride(
             model=target.model, base_url=target.base_url, api_key=target.api_key,
             timeout=target.timeout, max_turns=target.max_turns, system_prompt=target.system_prompt,
-            project_prompt=scenario.project_prompt, on_recovery=env.reports.append,
+            project_prompt=scenario.project_prompt, on_recovery=reports.append,
         )  # fmt: skip
+        env = Env(co, reports)
         began = time.perf_counter()
         try:
             checks = tuple(anyio.run(scenario.play, env, app))
@@ -147,6 +149,11 @@ def run_trial(scenario: Scenario, target: Target, agent: str = "model") -> Trial
         sys.modules.pop(app.__name__, None)
     first = env.reports[0] if env.reports else None
     claimed = first is not None and first.recovered
+    if first is not None and not claimed and first.turns == 0 and not problem:
+        # No model turn completed (endpoint down, bad model name, no credentials): nothing
+        # was measured. Without this, every give-up scenario would score a dead endpoint's
+        # re-raised exception as a correct give-up.
+        problem = f"the model never answered: {first.reason}"
     failed = "; ".join(f"{c.oracle}: {c.detail}" for c in checks if not c.passed)
     return Trial(
         scenario=scenario.name, agent=agent,

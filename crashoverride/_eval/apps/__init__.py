@@ -1,0 +1,1 @@
+"""The applications the scenarios run, one module per family: what the agent sees."""
