@@ -12,6 +12,7 @@ the recovery's redactor.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Final
 
@@ -79,15 +80,17 @@ class _Instruments:
 
 
 _instruments: tuple[Any, _Instruments] | None = None
+_making = threading.Lock()  # recoveries end on many threads: the instruments are made once
 
 
 def instruments() -> _Instruments:
     """The instruments of the current meter provider (made again if it was replaced)."""
     global _instruments
     provider = metrics.get_meter_provider()
-    if _instruments is None or _instruments[0] is not provider:
-        _instruments = (provider, _Instruments())
-    return _instruments[1]
+    with _making:
+        if _instruments is None or _instruments[0] is not provider:
+            _instruments = (provider, _Instruments())
+        return _instruments[1]
 
 
 def _innermost(exc: BaseException | None) -> tuple[str, str, int] | None:
