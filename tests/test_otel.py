@@ -323,3 +323,34 @@ def test_celery_task_trace_holds_the_recovery_in_a_real_worker(otel: Telemetry) 
     assert run.kind.name == "CONSUMER" and recovery.parent.span_id == run.context.span_id
     assert recovery.attributes["crashoverride.outcome"] == "recovered"
     assert recovery.attributes["crashoverride.handler"] == "otel.total"
+
+
+@pytest.mark.anyio
+async def test_concurrent_recoveries_each_sit_in_their_own_callers_span(
+    otel: Telemetry, anyio_backend: str
+) -> None:
+    import anyio
+
+    parents: dict[int, Any] = {}
+
+    async def job(number: int) -> None:
+        model = scripted(
+            exec_step(f"import anyio\nawait anyio.sleep(0.05)\ncaller['v'] = {number}"),
+            done_step(),
+        )
+        handler = CrashOverride(model=model).handler(name=f"otel-many-{anyio_backend}")
+        with otel.tracer.start_as_current_span(f"job-{number}") as parent:
+            parents[number] = parent
+            v = 0
+            async with handler:
+                raise KeyError(number)
+            assert v == number
+
+    async with anyio.create_task_group() as group:
+        for number in (1, 2, 3):
+            group.start_soon(job, number)
+    for parent in parents.values():
+        spans = otel.trace_of(parent.get_span_context().trace_id)
+        recovery = _only(spans, "crashoverride.recovery")
+        assert recovery.parent.span_id == parent.get_span_context().span_id
+        assert _only(spans, "crashoverride.tool_call").parent.span_id == recovery.context.span_id
