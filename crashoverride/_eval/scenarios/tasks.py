@@ -81,6 +81,12 @@ CELERY_SCHEMA = Scenario(
     ),
     bad={
         "invents": Script(set_result(0), done("Returned a total.")),
+        "wrong_function": Script(
+            patch("invoice_total", "def invoice_total(invoice_id):\n"
+                  "    lines = INVOICES[invoice_id]['lines']\n"
+                  "    return sum(line_cents(line) for line in lines if 'price_cents' in line)\n"),
+            rerun(), done("invoice_total skips lines it cannot price."),
+        ),
         "shallow": Script(set_result(3499), done("Computed this invoice by hand.")),
         "claims": Script(CLAIM),
     },

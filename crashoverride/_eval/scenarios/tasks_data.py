@@ -57,6 +57,13 @@ UNITS = Scenario(
         done("Weights are grams under weight_g now; converted to kg."),
     ),
     bad={
+        "wrong_function": Script(
+            patch("postage_cents", "def postage_cents(weight_kg):\n"
+                  "    weight_kg = weight_kg / 1000 if weight_kg > 100 else weight_kg\n"
+                  "    extra = max(0, -(-int(weight_kg * 1000 - 1000) // 1000))\n"
+                  "    return 450 + 120 * extra\n"),
+            rerun(), done("postage_cents accepts grams."),
+        ),
         "wrong_units": Script(
             patch("postage_for", "async def postage_for(parcel_id):\n"
                   "    return postage_cents(PARCELS[parcel_id]['weight_g'])\n"),
