@@ -34,6 +34,7 @@ MECHANISM: Final = "crashoverride"
 # The reports of failed recoveries whose exceptions are still on their way to Sentry; bounded,
 # since an exception may never reach it (caught and dropped by the application).
 _KEPT: Final = 256
+# The note ``_recovery`` adds to an exception a recovery did not recover.
 _NOTE: Final = re.compile(r"crashoverride: recovery (rec_[0-9a-f]+) ")
 _pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
 _lock = threading.Lock()
@@ -50,7 +51,7 @@ def _scrubbed(record: dict[str, Any]) -> dict[str, Any]:
 
 def _chain(exc: BaseException | None) -> list[BaseException]:
     found: list[BaseException] = []
-    while exc is not None and exc not in found:
+    while exc is not None and all(exc is not seen for seen in found):  # by identity
         found.append(exc)
         exc = exc.__cause__ or exc.__context__
     return found
