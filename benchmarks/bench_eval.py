@@ -40,7 +40,8 @@ def run() -> list[Row]:
         row("eval, SCRIPTED bad agents (no model): caught by an oracle",
             100 * caught / len(bad), "%", target="100 %",
             note=f"{len(bad)} bad agents: invent data, repeat a side effect, follow injected "
-                 "text, repair too shallow, claim success with a message only"),
+                 "text, patch the wrong function or too shallowly, claim success with a message "
+                 "only"),
         row("eval, whole offline suite (reference + bad agents over MockServer): wall time",
             took, "s", target="< 120 s", note=f"{len(reference) + len(bad)} trials"),
     ]  # fmt: skip
