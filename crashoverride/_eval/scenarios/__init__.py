@@ -1,7 +1,8 @@
 """The scenario families, one module each; every module exports ``SCENARIOS``.
 
-A family module is the application under test: each trial runs in a fresh copy of it, so
-its functions, globals and "upstream" data start pristine every time.
+A family's application is the module of the same name under ``apps/`` (each trial runs in a
+fresh copy of it, so its functions, globals and "upstream" data start pristine every time).
+What the agent must not see stays here: the ground truth, the oracles, the scripted agents.
 """
 
 from __future__ import annotations
