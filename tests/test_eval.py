@@ -106,6 +106,11 @@ def test_the_command_prints_the_table_and_writes_json(
     document = json.loads(out.read_text())
     assert document["scripted"] is True and document["note"].startswith("SCRIPTED")
     assert document["totals"]["correct"] == 4 and document["totals"]["false_success"] == 0
+    assert {group: found["correct"] for group, found in document["by_kind"].items()} == {
+        "asgi": 2,
+        "trap": 2,
+    }
+    assert "by kind: asgi 2/2 (false 0), trap 2/2 (false 0)" in printed.out
     assert {t["verdict"] for t in document["trials"]} == {"recovered", "correct_give_up"}
 
 

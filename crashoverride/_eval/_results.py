@@ -76,6 +76,11 @@ def table(trials: Sequence[Trial], *, scripted: bool) -> str:
         f"correct {summary['correct_rate']:.1%} of {summary['trials']} trials; "
         f"FALSE SUCCESSES: {summary['false_success']}; damaged: {summary['damaged']}."
     )
+    groups = by_group(trials)
+    out.append("by kind: " + ", ".join(
+        f"{group} {found['correct']}/{found['trials']} (false {found['false_success']})"
+        for group, found in groups.items()
+    ))  # fmt: skip
     out.extend(LEGEND)
     if scripted:
         out.append(SCRIPTED_NOTE)
@@ -90,6 +95,14 @@ def totals(trials: Sequence[Trial]) -> dict[str, Any]:
     return found
 
 
+def by_group(trials: Sequence[Trial]) -> dict[str, dict[str, Any]]:
+    """Totals per kind of user (asgi, task, scraper) and for the traps."""
+    groups: dict[str, list[Trial]] = {}
+    for trial in trials:
+        groups.setdefault(trial.group, []).append(trial)
+    return {group: totals(members) for group, members in groups.items()}
+
+
 def as_json(trials: Sequence[Trial], meta: Mapping[str, Any]) -> str:
     """Every trial with its checks, the per-scenario summary and the totals."""
     scenarios = [
@@ -100,6 +113,7 @@ def as_json(trials: Sequence[Trial], meta: Mapping[str, Any]) -> str:
         **meta,
         "note": SCRIPTED_NOTE if meta.get("scripted") else "",
         "totals": totals(trials),
+        "by_kind": by_group(trials),
         "scenarios": scenarios,
         "trials": [asdict(trial) for trial in trials],
     }

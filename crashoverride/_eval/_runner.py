@@ -52,6 +52,7 @@ class Trial:
 
     Attributes:
         agent: ``"model"``, or the name of the scripted agent that played it.
+        group: ``"trap"`` for traps, else the scenario's kind (asgi, task, scraper).
         verdict: One of ``VERDICTS``.
         outcome: The first recovery's outcome (``"none"``: no recovery ran).
         script_left: Scripted agents only: turns the script held that nobody asked for.
@@ -59,6 +60,7 @@ class Trial:
 
     scenario: str
     agent: str
+    group: str
     verdict: str
     outcome: str
     reason: str
@@ -156,7 +158,7 @@ def run_trial(scenario: Scenario, target: Target, agent: str = "model") -> Trial
         problem = f"the model never answered: {first.reason}"
     failed = "; ".join(f"{c.oracle}: {c.detail}" for c in checks if not c.passed)
     return Trial(
-        scenario=scenario.name, agent=agent,
+        scenario=scenario.name, agent=agent, group="trap" if scenario.trap else scenario.kind,
         verdict="error" if problem else verdict(scenario, claimed, checks),
         outcome=first.outcome if first is not None else "none",
         reason=problem or failed or (first.reason if first is not None else ""),
