@@ -22,6 +22,9 @@ def test_wheel_contents_and_import(tmp_path: Path) -> None:
     assert "crashoverride/__init__.py" in names
     assert "crashoverride/integrations/__init__.py" in names
     assert "crashoverride/py.typed" in names
+    # ``crashoverride eval`` ships its scenarios and their applications.
+    assert {"crashoverride/_eval/scenarios/traps_asgi.py", "crashoverride/_eval/apps/traps_asgi.py",
+            "crashoverride/_eval/_runner.py"} <= names  # fmt: skip
     assert not any(n.startswith(("tests/", "integrations/")) for n in names)
 
     # Import from the wheel alone (no dependencies needed just to import the package).
