@@ -4,8 +4,10 @@ scripted bad agent is caught by at least one hidden oracle."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +22,7 @@ from crashoverride._eval._runner import (
     Target,
     catalogue,
     run_suite,
+    run_trial,
     verdict,
 )
 from crashoverride._eval._scenario import EFFECTS_ONCE, LATER, STATE, Check, Scenario
@@ -131,6 +134,22 @@ def test_an_endpoint_that_never_answers_scores_no_give_up() -> None:
         ("error", "the model never answered: "),
         ("error", "the model never answered: "),
     ]
+
+
+def test_a_scenario_that_breaks_is_an_error_and_the_others_run() -> None:
+    broken = dataclasses.replace(SCENARIOS[0], app="crashoverride._eval.apps.no_such_app")
+    trial = run_trial(broken, Target(model="m", api_key="k"))
+    assert trial.verdict == "error"
+    assert trial.reason.startswith("the scenario itself failed: ModuleNotFoundError")
+    assert "crashoverride._eval.apps.no_such_app" not in " ".join(sys.modules)
+
+
+def test_the_command_refuses_a_bad_endpoint_before_running_anything(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["eval", "--base-url", "ftp://nowhere", "--scenario", "asgi.*"]) == 2
+    printed = capsys.readouterr()
+    assert "base_url" in printed.err and "asgi." not in printed.err  # no trial was started
 
 
 def test_the_command_needs_a_model(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from typing import Any, TextIO
@@ -75,14 +76,14 @@ def _drop(*_: Any) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
+    from .. import ConfigurationError
     from ._results import as_json, table
     from ._runner import Target, catalogue, run_suite
 
-    try:
-        catalogue()
-    except ModuleNotFoundError as exc:  # the applications are Starlette apps and Celery tasks
-        print(f"crashoverride eval needs {exc.name}: pip install 'crashoverride[all]'",
-              file=sys.stderr)  # fmt: skip
+    missing = [name for name in ("starlette", "celery") if importlib.util.find_spec(name) is None]
+    if missing:  # the applications are Starlette apps and Celery tasks
+        print(f"crashoverride eval needs {' and '.join(missing)}: "
+              "pip install 'crashoverride[all]'", file=sys.stderr)  # fmt: skip
         return 2
     if args.list:
         for scenario in catalogue(args.scenario or ["*"]):
@@ -109,8 +110,12 @@ def main(args: argparse.Namespace) -> int:
                     api_key=key or ("local" if args.base_url else None),
                     timeout=args.timeout, max_turns=args.max_turns,
                     system_prompt=instructions)  # fmt: skip
-    trials = run_suite(target, patterns=args.scenario or ["*"], repeat=args.repeat,
-                       scripted=args.scripted, progress=Progress(sys.stderr))  # fmt: skip
+    try:
+        trials = run_suite(target, patterns=args.scenario or ["*"], repeat=args.repeat,
+                           scripted=args.scripted, progress=Progress(sys.stderr))  # fmt: skip
+    except ConfigurationError as exc:
+        print(f"crashoverride eval: {exc}", file=sys.stderr)
+        return 2
     if not trials:
         print("no scenario matched", file=sys.stderr)
         return 2

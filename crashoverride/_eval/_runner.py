@@ -110,11 +110,14 @@ _copies = itertools.count(1)
 
 
 def _fresh(module: str) -> ModuleType:
+    """A new copy of the application ``module``, registered under a name of its own."""
     spec = importlib.util.find_spec(module)
-    assert spec is not None and spec.origin is not None
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(f"no application module {module!r}", name=module)
     name = f"{module}_trial{next(_copies)}"
     copy_spec = importlib.util.spec_from_file_location(name, spec.origin)
-    assert copy_spec is not None and copy_spec.loader is not None
+    if copy_spec is None or copy_spec.loader is None:
+        raise ImportError(f"cannot load {spec.origin}", name=module)
     copy = importlib.util.module_from_spec(copy_spec)
     sys.modules[name] = copy  # inspect.getsource and pickling look modules up by name
     try:
@@ -125,31 +128,43 @@ def _fresh(module: str) -> ModuleType:
     return copy
 
 
-def run_trial(scenario: Scenario, target: Target, agent: str = "model") -> Trial:
-    """Play one scenario once against ``target``."""
+def _settings(target: Target) -> dict[str, Any]:
+    """The ``CrashOverride`` arguments the model under test gives every trial."""
+    return {
+        "model": target.model, "base_url": target.base_url, "api_key": target.api_key,
+        "timeout": target.timeout, "max_turns": target.max_turns,
+        "system_prompt": target.system_prompt,
+    }  # fmt: skip
+
+
+def _play(scenario: Scenario, target: Target) -> tuple[tuple[Check, ...], str, Env | None]:
+    """(checks, what broke or "", the trial's environment) of one run of ``scenario``."""
     import anyio
 
     from crashoverride import CrashOverride
 
-    app = _fresh(scenario.app)
+    env = copy = None
     try:
+        copy = _fresh(scenario.app)
         reports: list[RecoveryReport] = []
-        co = CrashOverride(
-            model=target.model, base_url=target.base_url, api_key=target.api_key,
-            timeout=target.timeout, max_turns=target.max_turns, system_prompt=target.system_prompt,
-            project_prompt=scenario.project_prompt, on_recovery=reports.append,
-        )  # fmt: skip
+        co = CrashOverride(**_settings(target), project_prompt=scenario.project_prompt,
+                           on_recovery=reports.append)  # fmt: skip
         env = Env(co, reports)
-        began = time.perf_counter()
-        try:
-            checks = tuple(anyio.run(scenario.play, env, app))
-            problem = ""
-        except Exception as exc:  # a scenario that breaks is reported, and the others run
-            checks, problem = (), f"the scenario itself failed: {exc!r}"
-        seconds = time.perf_counter() - began
+        return tuple(anyio.run(scenario.play, env, copy)), "", env
+    except Exception as exc:  # a scenario that breaks is reported, and the others run
+        return (), f"the scenario itself failed: {exc!r}", env
     finally:
-        sys.modules.pop(app.__name__, None)
-    first = env.reports[0] if env.reports else None
+        if copy is not None:
+            sys.modules.pop(copy.__name__, None)
+
+
+def run_trial(scenario: Scenario, target: Target, agent: str = "model") -> Trial:
+    """Play one scenario once against ``target``."""
+    began = time.perf_counter()
+    checks, problem, env = _play(scenario, target)
+    seconds = time.perf_counter() - began
+    reports = env.reports if env is not None else []
+    first = reports[0] if reports else None
     claimed = first is not None and first.recovered
     if first is not None and not claimed and first.turns == 0 and not problem:
         # No model turn completed (endpoint down, bad model name, no credentials): nothing
@@ -162,9 +177,8 @@ def run_trial(scenario: Scenario, target: Target, agent: str = "model") -> Trial
         verdict="error" if problem else verdict(scenario, claimed, checks),
         outcome=first.outcome if first is not None else "none",
         reason=problem or failed or (first.reason if first is not None else ""),
-        checks=checks, recoveries=len(env.reports),
-        turns=sum(r.turns for r in env.reports),
-        tokens=sum(r.usage.input_tokens + r.usage.output_tokens for r in env.reports),
+        checks=checks, recoveries=len(reports), turns=sum(r.turns for r in reports),
+        tokens=sum(r.usage.input_tokens + r.usage.output_tokens for r in reports),
         seconds=seconds,
     )  # fmt: skip
 
@@ -197,7 +211,14 @@ def run_suite(
     scripted: str | None = None,
     progress: Progress | None = None,
 ) -> list[Trial]:
-    """Every matching scenario ``repeat`` times, against ``target`` or scripted agents."""
+    """Every matching scenario ``repeat`` times, against ``target`` or scripted agents.
+
+    Raises:
+        ConfigurationError: ``target`` is not something ``CrashOverride`` accepts.
+    """
+    from crashoverride import CrashOverride
+
+    CrashOverride(**_settings(target))  # a bad setting fails here, not as N failed trials
     plan: list[tuple[Scenario, str, Script | None]] = []
     for scenario in catalogue(patterns):
         if scripted is None:
