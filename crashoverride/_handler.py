@@ -87,6 +87,8 @@ class Handler:
 
     def recover(self, exc: BaseException, block: Callable[[], Any]) -> Decision | None:
         """Recover ``exc`` from sync code; ``block`` builds the Block. None: let it propagate."""
+        if _stack_left() < _STACK_NEEDED:
+            return None  # see _STACK_NEEDED
         try:
             from ._pipeline import recover_sync
 
@@ -98,6 +100,8 @@ class Handler:
 
     async def arecover(self, exc: BaseException, block: Callable[[], Any]) -> Decision | None:
         """Recover ``exc`` from async code on any anyio backend. None: let it propagate."""
+        if _stack_left() < _STACK_NEEDED:
+            return None  # see _STACK_NEEDED
         try:
             if _PIPELINE not in sys.modules:
                 await _load_off_loop()
@@ -129,7 +133,11 @@ class Handler:
         frame = tb.tb_frame if tb is not None else None
         # A partial, not a lambda: a closure would make ``settings`` and ``frame`` cell
         # variables, paid on every exit, including the happy path's.
-        return self._settle(self.recover(exc, functools.partial(_with_block, settings, frame)), exc)
+        try:
+            decision = self.recover(exc, functools.partial(_with_block, settings, frame))
+        except RecursionError:  # not even the room to look (see _STACK_NEEDED)
+            return False
+        return self._settle(decision, exc)
 
     async def __aenter__(self) -> Handler:
         return self
@@ -146,7 +154,10 @@ class Handler:
         if not isinstance(exc, settings.catch):
             return False
         frame = tb.tb_frame if tb is not None else None
-        decision = await self.arecover(exc, functools.partial(_with_block, settings, frame))
+        try:
+            decision = await self.arecover(exc, functools.partial(_with_block, settings, frame))
+        except RecursionError:  # not even the room to look (see _STACK_NEEDED)
+            return False
         return self._settle(decision, exc)
 
     # -- decorator -------------------------------------------------------------------------
@@ -177,6 +188,34 @@ class Handler:
             )
         return self._wrap_async(func) if flags & _CO_COROUTINE else self._wrap_sync(func)  # type: ignore[return-value]
 
+    # A decorated call's failure: None unless ``exc`` is caught and a recovery decided. In
+    # methods of their own so the wrappers' ``except`` blocks hold one guarded call each.
+    def _call_builder(
+        self, exc: Exception, func: Callable[..., Any], args: Any, kwargs: Any
+    ) -> Callable[[], Any] | None:
+        settings = self.settings
+        if not isinstance(exc, settings.catch):
+            return None
+        return functools.partial(_call_block, settings, func, args, kwargs, exc)
+
+    def _recover_call(
+        self, exc: Exception, func: Callable[..., Any], args: Any, kwargs: Any
+    ) -> Decision | None:
+        build = self._call_builder(exc, func, args, kwargs)
+        try:
+            return None if build is None else self.recover(exc, build)
+        finally:
+            del build  # it holds the exception, whose traceback holds the caller's frame
+
+    async def _arecover_call(
+        self, exc: Exception, func: Callable[..., Any], args: Any, kwargs: Any
+    ) -> Decision | None:
+        build = self._call_builder(exc, func, args, kwargs)
+        try:
+            return None if build is None else await self.arecover(exc, build)
+        finally:
+            del build  # it holds the exception, whose traceback holds the caller's frame
+
     def _wrap_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
         handler = self
 
@@ -185,16 +224,11 @@ class Handler:
             try:
                 return func(*args, **kwargs)
             except Exception as exc:
-                settings = handler.settings
-                if not isinstance(exc, settings.catch):
-                    raise
-                build = functools.partial(_call_block, settings, func, args, kwargs, exc)
                 try:
-                    decision = handler.recover(exc, build)
-                finally:
-                    del build  # it holds the exception, whose traceback holds this frame
-
-                if not handler._settle(decision, exc):
+                    decision = handler._recover_call(exc, func, args, kwargs)
+                except RecursionError:  # not even the room to look (see _STACK_NEEDED)
+                    decision = None
+                if decision is None or not handler._settle(decision, exc):
                     raise
                 assert decision is not None
                 return decision.value
@@ -209,21 +243,34 @@ class Handler:
             try:
                 return await func(*args, **kwargs)
             except Exception as exc:
-                settings = handler.settings
-                if not isinstance(exc, settings.catch):
-                    raise
-                build = functools.partial(_call_block, settings, func, args, kwargs, exc)
                 try:
-                    decision = await handler.arecover(exc, build)
-                finally:
-                    del build  # it holds the exception, whose traceback holds this frame
-
-                if not handler._settle(decision, exc):
+                    decision = await handler._arecover_call(exc, func, args, kwargs)
+                except RecursionError:  # not even the room to look (see _STACK_NEEDED)
+                    decision = None
+                if decision is None or not handler._settle(decision, exc):
                     raise
                 assert decision is not None
                 return decision.value
 
         return protected
+
+
+# A failure raised this close to the recursion limit (a runaway recursion, mostly) is not
+# recovered here: the recovery's own calls would hit the limit and fail, or worse, replace
+# the user's exception. It propagates untouched, unmarked, to an outer frame of a protected
+# call that has the room. (Where even that check cannot run, the caller's ``except
+# RecursionError`` lets the exception go on in the same way.)
+_STACK_NEEDED = 120
+
+
+def _stack_left() -> int:
+    """Frames left before the recursion limit, counted from the caller (a failure path only)."""
+    depth = 0
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        depth += 1
+        frame = frame.f_back
+    return sys.getrecursionlimit() - depth
 
 
 def _with_block(settings: Settings, frame: Any) -> Any:

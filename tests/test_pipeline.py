@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import weakref
 from typing import Any
 
@@ -234,6 +235,33 @@ def test_infinite_recursion_carries_one_note() -> None:
         forever(0)
     assert len(raised.value.__notes__) == 1
     assert len("".join(raised.value.__notes__)) < 2_000
+
+
+def test_a_failure_at_the_recursion_limit_keeps_its_exception_and_one_note() -> None:
+    # Whatever stack is left where the failure surfaces, our own code running out of it must
+    # not replace the user's RecursionError, nor leave it without its one note.
+    pads = range(0, 80, 3)
+    co = CrashOverride(
+        model=scripted(*(give_up_step("infinite recursion") for _ in pads)),
+        breaker_threshold=10**6,
+    )
+
+    @co.handler()
+    def forever(n: int) -> int:
+        return forever(n + 1)
+
+    def padded(depth: int) -> int:
+        return padded(depth - 1) if depth else forever(0)
+
+    for pad in pads:
+        with pytest.raises(RecursionError) as raised:
+            padded(pad)
+        notes = [n for n in getattr(raised.value, "__notes__", ()) if "crashoverride" in n]
+        assert len(notes) == 1, (pad, raised.value.__notes__ if notes else None)
+        # Raised by the recursion itself: in ``forever``, or at the decorator's call of it.
+        innermost = traceback.extract_tb(raised.value.__traceback__)[-1]
+        ours = innermost.line == "return func(*args, **kwargs)"
+        assert innermost.name == "forever" or ours, (pad, innermost)
 
 
 # -- 10. handlers in a loop leave no context entries and no reports behind --------------------
