@@ -184,7 +184,7 @@ def test_fastapi_one_event_per_exception_recovered_or_not() -> None:
 # A fresh interpreter: Sentry's Celery integration must be initialised before the worker's
 # modules are imported (as in a worker process), which this test process is past.
 _CELERY_WORKER = """
-import json, os, sys, warnings
+import json, os, sys, time, warnings
 
 import sentry_sdk
 from sentry_sdk.integrations.celery import CeleryIntegration
@@ -236,6 +236,11 @@ with start_worker(app, pool="solo", perform_ping_check=False, queues=[queue],
         rate.delay().get(timeout=60)
     except LookupError:
         pass
+    # The result reaches the caller before the worker's failure handling sends its event.
+    waited = 0
+    while len(events) < 2 and waited < 600:
+        time.sleep(0.05)
+        waited += 1
 print(json.dumps(events, default=str))
 """
 
