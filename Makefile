@@ -12,7 +12,7 @@ PRIMARY := $(firstword $(PYTHONS))
 VENV := .venv
 PYTEST_ARGS ?=
 
-.PHONY: help demo test lint bench clean
+.PHONY: help demo test lint browser bench clean
 
 help:
 	@echo "make demo   - create .venv, install, run the offline demo (scripted model)"
@@ -41,7 +41,18 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check crashoverride integrations tests benchmarks examples
 	$(VENV)/bin/mypy --strict crashoverride integrations
 
-test: lint
+# tests/test_show.py renders the HTML report in a real headless browser: Chromium from the
+# distribution's packages, installed here when it is missing and we may (root, apt-get).
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "== installing chromium (apt-get)"; \
+	    apt-get install -y -q chromium >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } || \
+	    echo "!! chromium could not be installed: tests/test_show.py will fail"; \
+	  else echo "!! no chromium (apt-get install chromium): tests/test_show.py will fail"; fi; }
+
+test: lint browser
 	@test -n "$(PYTHONS)" || { echo "no Python 3.11+ found"; exit 1; }
 	@set -e; for py in $(PYTHONS); do \
 	  v=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
