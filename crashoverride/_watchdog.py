@@ -98,6 +98,7 @@ class _Guard:
         self.live = False  # open, and armed unless out of time already
         self.stop = False  # out of time: snippet code raises at every line
         self.queued = False  # in the watchdog's heap
+        self.retired = False  # closed for good: its heap entry is dropped, not kept to deadline
         self.tracing = False
         self.previous: TraceFunction | None = None
         self.outer: _Guard | None = None
@@ -159,6 +160,11 @@ class _Guard:
             _this_thread.guard = self.outer
         self.entry = None
 
+    def retire(self) -> None:
+        """Closed for good (its recovery's code has ended): the watchdog may forget it now."""
+        self.close()
+        _WATCHDOG.forget(self)
+
     def in_snippet(self) -> bool:
         """Whether the owner's thread is running snippet code under this guard."""
         frame = sys._current_frames().get(self.thread)
@@ -187,6 +193,7 @@ class _Watchdog:
         self._heap: list[tuple[float, int, _Guard]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
+        self._retired = 0  # heap entries of retired guards, dropped in bulk (amortised O(1))
 
     def arm(self, guard_: _Guard) -> None:
         with self.lock:
@@ -200,6 +207,20 @@ class _Watchdog:
                 self._thread.start()
             self._wake.put(None)
 
+    def forget(self, guard_: _Guard) -> None:
+        # Without this every snippet's guard stayed queued until its recovery's deadline: a
+        # server recovering often held thousands of them (and their closures) for minutes.
+        with self.lock:
+            if guard_.retired:
+                return
+            guard_.retired = True
+            if guard_.queued:
+                self._retired += 1
+                if self._retired * 2 > len(self._heap):
+                    self._heap = [entry for entry in self._heap if not entry[2].retired]
+                    heapq.heapify(self._heap)
+                    self._retired = 0
+
     def _watch(self) -> None:
         while True:
             with self.lock:
@@ -207,6 +228,9 @@ class _Watchdog:
                 while self._heap and self._heap[0][0] <= now:
                     guard_ = heapq.heappop(self._heap)[2]
                     guard_.queued = False
+                    if guard_.retired:
+                        self._retired -= 1
+                        continue
                     if not guard_.live:
                         continue
                     # The first strike always; later ones only into snippet code, never into
@@ -236,6 +260,9 @@ class _Unguarded:
     def close(self) -> None:
         return None
 
+    def retire(self) -> None:
+        return None
+
 
 def guard(deadline: float | None) -> _Guard | _Unguarded:
     """Run the body with the watchdog armed for ``deadline`` (``time.monotonic`` seconds).
@@ -248,7 +275,11 @@ def guard(deadline: float | None) -> _Guard | _Unguarded:
 
 def guarded(deadline: float | None, fn: Callable[..., T], /, *args: Any) -> T:
     """Return ``fn(*args)`` run under :func:`guard`."""
-    return _run(guard(deadline), fn, *args)
+    watch = guard(deadline)
+    try:
+        return _run(watch, fn, *args)
+    finally:
+        watch.retire()
 
 
 def _run(watch: _Guard | _Unguarded, fn: Callable[..., T], /, *args: Any) -> T:
@@ -294,6 +325,7 @@ def stepped(coro: Coroutine[Any, Any, T], deadline: float | None) -> Generator[A
     finally:
         if inspect.getcoroutinestate(coro) != inspect.CORO_CLOSED:
             _close(watch, coro)
+        watch.retire()
 
 
 def _close(watch: _Guard | _Unguarded, coro: Coroutine[Any, Any, Any]) -> None:

@@ -320,3 +320,24 @@ def test_only_snippet_code_is_line_traced() -> None:
     workspace.execute("probe()")
     assert seen["app"] is None
     assert callable(seen["snippet"])
+
+
+def test_finished_snippets_leave_nothing_queued_until_their_deadline() -> None:
+    # Each snippet's guard used to stay in the watchdog's queue until its recovery's deadline
+    # (minutes, by default): a server recovering often held thousands, with their closures.
+    from crashoverride import _watchdog
+
+    recoveries = 40
+    co = CrashOverride(
+        model=scripted(*(step for _ in range(recoveries)
+                         for step in (exec_step("caller['value'] = 1"), done_step()))),
+        timeout=600, single_flight=False, breaker_threshold=10**6,
+    )  # fmt: skip
+    for i in range(recoveries):
+        value = 0
+        with co.handler():
+            raise KeyError(i)
+        assert value == 1
+    with _watchdog._WATCHDOG.lock:
+        kept = len(_watchdog._WATCHDOG._heap)
+    assert kept <= 2  # entries dropped in bulk: at most a stray one or two await a purge
