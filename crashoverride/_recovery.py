@@ -314,6 +314,9 @@ class Recovery:
         """Drop frames, tracebacks and the exception: a server must not leak per recovery."""
         drop_references(self)
         self.exc = None
+        # The editor holds ``self.fields`` (a bound method): a cycle that left every finished
+        # record to the cyclic collector. The report has copied its changes already.
+        self.editor = None
 
 
 def drop_references(record: Any) -> None:

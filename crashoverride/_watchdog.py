@@ -110,11 +110,11 @@ class _Guard:
                 # later in whatever handles this raise (a ``__del__`` even).
                 time.monotonic()
                 raise Preempted
-            return lines
+            return self._lines  # not ``lines``: a function closing over itself is a cycle
 
         def calls(frame: FrameType, event: str, arg: Any) -> TraceFunction | None:
             # Only snippet code gets line events; everything else runs untraced.
-            return lines if frame.f_code.co_filename.startswith(SNIPPET_PREFIX) else None
+            return self._lines if frame.f_code.co_filename.startswith(SNIPPET_PREFIX) else None
 
         self._lines = lines
         self._calls = calls
@@ -164,6 +164,8 @@ class _Guard:
         """Closed for good (its recovery's code has ended): the watchdog may forget it now."""
         self.close()
         _WATCHDOG.forget(self)
+        # Its tracers close over it: without them it is freed by reference counting.
+        self._lines = self._calls = _no_trace
 
     def in_snippet(self) -> bool:
         """Whether the owner's thread is running snippet code under this guard."""
@@ -248,6 +250,10 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
+
+
+def _no_trace(frame: FrameType, event: str, arg: Any) -> TraceFunction:
+    return _no_trace  # a retired guard's tracer: never installed again
 
 
 class _Unguarded:

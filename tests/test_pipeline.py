@@ -409,3 +409,34 @@ def test_a_spinning_followup_on_the_app_loop_is_stopped_at_its_deadline() -> Non
     assert done.returncode == 0, done.stderr[-3000:]
     assert "done [1]" in done.stdout
     assert "followup.failed" in done.stdout and "timed out after 1s" in done.stdout
+
+
+def test_a_finished_recovery_is_freed_by_reference_counting() -> None:
+    # Defect 11: nothing of a finished recovery may wait for the cyclic collector (a busy server
+    # would carry every record, guard and closure until the next full collection).
+    co = CrashOverride(
+        model=scripted(*(s for _ in range(10) for s in (exec_step("caller['value'] = 1"),
+                                                         done_step()))),
+        single_flight=False,
+    )  # fmt: skip
+
+    def one() -> None:
+        value = 0
+        with co.handler():
+            raise KeyError("x")
+        assert value == 1
+
+    one()  # first-use caches
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(9):
+            one()
+        gc.collect()
+        left = {type(o).__module__ for o in gc.garbage if hasattr(o, "__dict__")}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not {m for m in left if m.startswith("crashoverride")}, left
