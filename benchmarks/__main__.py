@@ -23,6 +23,7 @@ MODULES = [
     "benchmarks.bench_original",
     "benchmarks.bench_faults",
     "benchmarks.bench_first_recovery",
+    "benchmarks.bench_fleet",
     "benchmarks.bench_readonly",
     "benchmarks.bench_credentials",
     "benchmarks.bench_secrets",
