@@ -122,7 +122,7 @@ def _fresh(module: str) -> ModuleType:
     sys.modules[name] = copy  # inspect.getsource and pickling look modules up by name
     try:
         copy_spec.loader.exec_module(copy)
-    except BaseException:
+    except BaseException:  # cleanup only: it is re-raised
         del sys.modules[name]
         raise
     return copy
