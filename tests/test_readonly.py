@@ -83,7 +83,8 @@ class _Server(ThreadingHTTPServer):
 @pytest.fixture
 def server() -> Iterator[_Server]:
     srv = _Server()
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    # A short poll: shutdown() waits for the loop's next turn (0.5 s by default, per test).
+    thread = threading.Thread(target=srv.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         yield srv
