@@ -67,3 +67,8 @@ def serve(app: Any, **config: Any) -> Iterator[Served]:
         thread.join(20)
         sock.close()
         assert not thread.is_alive(), "uvicorn did not stop"
+
+
+def named(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    """The captured events called ``event``."""
+    return [e for e in logs if e["event"] == event]

@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx
 import pytest
-from structlog.testing import capture_logs
 from websockets.sync.client import connect as ws_connect
 
 from crashoverride import CrashOverride
@@ -22,6 +21,7 @@ from tests.integrations.asgi_support import (
     exec_step,
     first_input,
     give_up_step,
+    named,
     scripted,
     serve,
     tool_outputs,
@@ -48,16 +48,6 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> asgi_apps.Probe:
     fresh = asgi_apps.Probe()
     monkeypatch.setattr(asgi_apps, "PROBE", fresh)
     return fresh
-
-
-@pytest.fixture
-def logs() -> Iterator[list[dict[str, Any]]]:
-    with capture_logs() as captured:
-        yield captured
-
-
-def named(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
-    return [e for e in logs if e["event"] == event]
 
 
 @pytest.mark.parametrize(

@@ -9,14 +9,13 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from starlette.background import BackgroundTask, BackgroundTasks
-from structlog.testing import capture_logs
 
 from crashoverride import ConfigurationError, CrashOverride, RecoveryReport
 from integrations._asgi_after import BackgroundRecovery, locate, task_names
@@ -26,6 +25,7 @@ from tests.integrations.asgi_support import (
     exec_step,
     first_input,
     give_up_step,
+    named,
     scripted,
     serve,
     tool_outputs,
@@ -54,16 +54,6 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> background_apps.Probe:
     fresh = background_apps.Probe()
     monkeypatch.setattr(background_apps, "PROBE", fresh)
     return fresh
-
-
-@pytest.fixture
-def logs() -> Iterator[list[dict[str, Any]]]:
-    with capture_logs() as captured:
-        yield captured
-
-
-def named(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
-    return [e for e in logs if e["event"] == event]
 
 
 def recovery_events(logs: list[dict[str, Any]]) -> list[str]:
