@@ -28,7 +28,7 @@ from crashoverride import CrashOverride
 
 co = CrashOverride()
 if sys.argv[1:] == ["loaded"]:
-    import crashoverride._pipeline  # what remains once the recovery machinery is imported
+    import crashoverride._entry, crashoverride._pipeline  # the recovery machinery, imported
 began = time.perf_counter()
 try:
     with co.handler():

@@ -23,21 +23,11 @@ from ._namespace import AgentExit, Workspace
 from ._prompt import Fence
 from ._report import ToolCallRecord, Usage
 from ._settings import Settings
-from ._state import RunState
+from ._state import AgentRun, RunState
 from ._text import clip
 from ._toolbox import BY_NAME, EXTERNAL_MODES
 
 Check = Callable[[], Any]  # returns None/True when recovered, or a reason string / False
-
-
-class AgentRun:
-    """What the SDK run produced."""
-
-    def __init__(self, failure: str | None = None) -> None:
-        self.final_output = ""
-        self.turns = 0
-        self.usage = Usage()
-        self.failure = failure
 
 
 class AgentJob:
@@ -79,6 +69,8 @@ class AgentJob:
 def import_sdk() -> None:
     """Import the SDK (2-3 s the first time). Async callers use ``import_sdk_async``."""
     import agents  # noqa: F401
+
+    from . import _entry, _pipeline  # noqa: F401  (the rest of the recovery machinery)
 
     # What the first run would otherwise build on its loop (the SDK's trace exporter, our SSL
     # context, openai's API modules), so ``awarm_up()`` leaves nothing heavy for the first failure.
@@ -134,25 +126,6 @@ def _import_into(future: concurrent.futures.Future[None]) -> None:
     finally:
         if not future.done():  # an interrupt in this thread: never leave the waiters hanging
             future.set_exception(RuntimeError("the SDK import was interrupted"))
-
-
-NO_API_KEY = "no API key: set OPENAI_API_KEY or pass api_key= (or base_url=)"
-
-
-def missing_credentials(settings: Settings) -> str | None:
-    """Why no model can be reached with ``settings``, or None. Costs no import.
-
-    The pipeline asks before anything else: without credentials the recovery fails in
-    microseconds rather than after the seconds of the SDK import.
-    """
-    model = settings.model
-    if model is not None and not isinstance(model, str):
-        return None  # an SDK Model instance brings its own client (or needs none)
-    if settings.openai_client_factory is not None or settings.base_url is not None:
-        return None  # the user's client, or a server that usually ignores the key
-    if settings.api_key is None and not os.environ.get("OPENAI_API_KEY"):
-        return NO_API_KEY
-    return None
 
 
 async def _build_model(settings: Settings, leases: list[Lease]) -> Any:

@@ -110,10 +110,15 @@ class Block:
 # ------------------------------------------------------------------------------ with blocks
 
 
+WITH_BLOCK_BRIEF = """\
+This is a `with` block. Execution resumes after the whole block, not at the failed statement,
+so every variable the code after the block needs must hold its intended value when you finish
+(write it with `caller["name"] = value`)."""
+
+
 def with_block(postcondition: Callable[..., Any] | None, frame: FrameType | None) -> Block:
     """The block of a ``with`` / ``async with`` statement (``frame`` holds the statement)."""
     from ._frames import CallerLocals
-    from ._prompt import WITH_BLOCK_BRIEF
 
     caller = CallerLocals(frame) if frame is not None else None
     return Block(

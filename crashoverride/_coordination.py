@@ -16,8 +16,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from . import _bridge
-
 if TYPE_CHECKING:
     from ._bridge import Dispatch
     from ._limits import Admission, Limits
@@ -77,8 +75,10 @@ class InProcess:
         rec.flight, rec.leading = self.limits.flights.join(rec.fingerprint)
         if rec.leading:
             return LEAD
+        from ._bridge import wait_future  # anyio: only once a recovery is admitted
+
         began = time.monotonic()
-        await _bridge.wait_future(rec.flight.done)
+        await wait_future(rec.flight.done)
         rec.waited += time.monotonic() - began
         return Joined(False, rec.flight.done.result())
 

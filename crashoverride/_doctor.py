@@ -157,7 +157,7 @@ def _endpoint(verdict: str, detail: str, target: Target, **extra: Any) -> Check:
 
 def _target(base_url: str | None, model: str | None) -> Target | Check:
     """What a recovery would talk to, or the check that says it cannot talk to anything."""
-    from ._agent import missing_credentials
+    from ._credentials import missing_credentials
     from ._errors import ConfigurationError
     from ._settings import Settings
 

@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._errors import ConfigurationError
+from ._offloop import load
 
 if TYPE_CHECKING:
     from ._app import CrashOverride
@@ -28,7 +29,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _CO_COROUTINE = 0x80
 _CO_GENERATOR = 0x20
 _CO_ASYNC_GENERATOR = 0x200
-_PIPELINE = "crashoverride._pipeline"
+_ENTRY = "crashoverride._entry"
 
 # The latest report per handler, per context (task or thread). One variable for every handler,
 # holding a weak mapping replaced on write: a handler per loop iteration adds no context entry,
@@ -90,7 +91,7 @@ class Handler:
         if _stack_left() < _STACK_NEEDED:
             return None  # see _STACK_NEEDED
         try:
-            from ._pipeline import recover_sync
+            from ._entry import recover_sync
 
             built = block()
         except Exception as problem:
@@ -103,9 +104,8 @@ class Handler:
         if _stack_left() < _STACK_NEEDED:
             return None  # see _STACK_NEEDED
         try:
-            if _PIPELINE not in sys.modules:
-                await _load_off_loop()
-            from ._pipeline import recover_async
+            await load(_ENTRY)  # off the loop, the first time
+            from ._entry import recover_async
 
             built = block()
         except Exception as problem:
@@ -302,44 +302,3 @@ def _internal(exc: BaseException, problem: BaseException, app: object) -> None:
         exc.add_note(f"crashoverride: recovery not attempted, internal error: {problem!r}")
     except Exception:  # pragma: no cover - an exception type that refuses notes
         pass
-
-
-async def _load_off_loop() -> None:
-    """Import the pipeline (and structlog, anyio...) in a thread: the first failure of an async
-    application must not stall its event loop for the ~300 ms that import takes."""
-    import importlib
-    import threading
-
-    asyncio = sys.modules.get("asyncio")
-    loop = asyncio.events._get_running_loop() if asyncio is not None else None
-    if loop is not None:
-        future = loop.create_future()
-
-        def work() -> None:
-            try:
-                importlib.import_module(_PIPELINE)
-                error: BaseException | None = None
-            except BaseException as exc:  # handed to the loop below
-                error = exc
-            try:
-                loop.call_soon_threadsafe(_settle_future, future, error)
-            except RuntimeError:  # the loop closed meanwhile (its recovery was cancelled)
-                pass
-
-        threading.Thread(target=work, name="crashoverride-import", daemon=True).start()
-        await future
-        return
-    trio = sys.modules.get("trio")
-    if trio is not None:
-        await trio.to_thread.run_sync(importlib.import_module, _PIPELINE)
-        return
-    importlib.import_module(_PIPELINE)
-
-
-def _settle_future(future: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)

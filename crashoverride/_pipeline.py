@@ -4,7 +4,9 @@
 
 ``run`` is the only implementation of these steps. Every entry point (``with``, ``async with``,
 decorators, asyncio and Celery tasks, ASGI requests) describes its unit of work as a ``Block``
-and calls ``recover_async`` or ``recover_sync``; the sync one drives the same coroutine through
+and calls ``_entry.recover_async`` or ``_entry.recover_sync``. Those begin the record and ask
+admission's first question (can any model be reached?) before this module is even imported,
+then hand over to ``recover_admitted_*`` here; the sync one drives the same coroutine through
 the ``owner-thread`` placement (see ``_bridge``). The recovery's one ``Deadline`` becomes one
 cancel scope around all the steps; nothing below restates the budget.
 
@@ -22,16 +24,12 @@ from inspect import isawaitable
 from typing import Any
 
 import anyio
-import structlog  # noqa: F401  (loaded with the pipeline, off the loop: see _handler)
 
 from . import _agent, _bridge, _log, _recipes
-from ._block import Block
 from ._bridge import Dispatch, Job, Placement
 from ._namespace import AgentInterrupted
 from ._owner_thread import drive
 from ._recovery import Decision, Recovery, internal_failure
-from ._seen import mark, seen
-from ._settings import Settings
 
 _LEADER_LOST = "the concurrent recovery of this failure did not recover it"
 _OVERLOADED = "too many recoveries at once (max_concurrent_recoveries)"
@@ -85,8 +83,9 @@ def _marked(recovery_id: str, agent_code: bool) -> Iterator[None]:
 async def run(rec: Any, place: Placement) -> Any:
     """All the steps, under the record's one deadline; returns the record's conclusion.
 
-    ``rec`` is a ``Recovery`` (``_recovery``) or a follow-up's record (``followups._run``):
-    the same steps, minus the coordination a follow-up does not take part in.
+    ``rec`` is a ``Recovery`` (``_recovery``) or a follow-up's record (``followups._run``),
+    admitted by ``_entry.admit``: the same steps, minus the coordination a follow-up does not
+    take part in.
     """
     deadline = rec.deadline
 
@@ -104,11 +103,8 @@ async def run(rec: Any, place: Placement) -> Any:
 
 
 async def _steps(rec: Any, place: Placement, call: Dispatch) -> Any:
-    # 1. admit, first of all: a run that cannot reach a model must not pay for the SDK import
-    # (seconds) or hold a flight or slot to learn that.
-    missing = _agent.missing_credentials(rec.settings)
-    if missing is not None:
-        return rec.concluded(_agent.AgentRun(failure=missing), None)
+    # 1. admit: the credentials were asked by the caller (``_entry.admit``), before any of
+    # this was imported; what remains of admission is the coordination's.
     if rec.coordinated:
         refused = await _coordinate(rec, call)
         if refused is not None:
@@ -201,31 +197,11 @@ def _judged(check: Callable[..., Any], rec: Recovery) -> Any:
 # ------------------------------------------------------------------------------- entry points
 
 
-def _begin(app: Any, settings: Settings, exc: BaseException, block: Block) -> Recovery | None:
-    if seen(exc, app):
-        return None  # already through a recovery of this CrashOverride: let it pass, unchanged
-    mark(exc, app)
-    try:
-        return Recovery(settings, app._limits(), exc, block)
-    except Exception as problem:
-        internal_failure(exc, problem)
-        return None
-
-
-async def recover_async(
-    app: Any, settings: Settings, exc: BaseException, block: Block
-) -> Decision | None:
-    """Recover from async code on any anyio backend. None: let ``exc`` propagate as it is."""
+async def recover_admitted_async(rec: Recovery, exc: BaseException) -> Decision | None:
+    """Steps 2-8 for async code (``_entry`` began and admitted ``rec``). None: let ``exc`` go."""
     try:
         if _bridge.cancel_pending():
             return None  # a failure raised while being cancelled: the cancellation goes on
-    except Exception as problem:
-        internal_failure(exc, problem)
-        return None
-    rec = _begin(app, settings, exc, block)
-    if rec is None:
-        return None
-    try:
         with _log.bound(recovery_id=rec.id, fingerprint=rec.fingerprint):
             decision: Decision = await run(rec, _bridge.placement())
             return decision
@@ -241,11 +217,8 @@ async def recover_async(
         rec.limits.coordination.abandon(rec)
 
 
-def recover_sync(app: Any, settings: Settings, exc: BaseException, block: Block) -> Decision | None:
-    """Recover from synchronous code. None: let ``exc`` propagate as it is."""
-    rec = _begin(app, settings, exc, block)
-    if rec is None:
-        return None
+def recover_admitted_sync(rec: Recovery, exc: BaseException) -> Decision | None:
+    """Steps 2-8 for synchronous code (``_entry`` began and admitted ``rec``)."""
     # Sync code called from async code: its loop is blocked until the recovery ends. Said once.
     blocking = _bridge.loop_running_here()
     began = time.monotonic()

@@ -195,11 +195,6 @@ def build_input(
     ).rstrip()
 
 
-WITH_BLOCK_BRIEF = """\
-This is a `with` block. Execution resumes after the whole block, not at the failed statement,
-so every variable the code after the block needs must hold its intended value when you finish
-(write it with `caller["name"] = value`)."""
-
 CALL_BRIEF = """\
 This is a call of the decorated function `{name}` with `args` and `kwargs`. The call has ended;
 its locals are readable through `caller`. Finish it in one of two ways:

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._report import ToolCallRecord
+from ._report import ToolCallRecord, Usage
 
 NO_RESULT: Any = object()
+
+
+class AgentRun:
+    """What the SDK run produced (or, with ``failure`` set, why there was none)."""
+
+    def __init__(self, failure: str | None = None) -> None:
+        self.final_output = ""
+        self.turns = 0
+        self.usage = Usage()
+        self.failure = failure
 
 
 class RunState:

@@ -18,7 +18,10 @@ try:
 except ValueError as exc:
     notes = getattr(exc, "__notes__", [])
 loaded = sorted({m.split(".")[0] for m in sys.modules} & {"agents", "openai", "httpx2", "mcp"})
-print(json.dumps({"notes": notes, "loaded": loaded}))
+machinery = sorted(set(sys.modules) & {"anyio", "crashoverride._pipeline", "crashoverride._agent",
+                                      "crashoverride._bridge", "crashoverride._owner_thread"})
+threads = sorted(t.name for t in __import__("threading").enumerate())
+print(json.dumps({"notes": notes, "loaded": loaded, "machinery": machinery, "threads": threads}))
 """
 
 
@@ -42,6 +45,15 @@ def test_a_first_failure_without_a_key_fails_clearly_without_importing_the_sdk()
     assert "failed: no API key: set OPENAI_API_KEY or pass api_key= (or base_url=)" in note
 
 
+def test_without_a_key_the_run_machinery_is_not_even_imported() -> None:
+    # Issue 12: < 50 ms from a cold start (benchmarks/bench_credentials.py measures it). What
+    # makes that possible: admission asks for credentials before anyio, the placements or the
+    # agent are imported, and no thread or event loop is started to learn the answer.
+    result = _probe(_PROBE)
+    assert result["machinery"] == []
+    assert result["threads"] == ["MainThread"]
+
+
 def test_async_first_failure_without_a_key_fails_clearly_too() -> None:
     code = _PROBE.replace(
         'try:\n    with co.handler(prompt="x"):\n        raise ValueError("boom")\n'
@@ -58,6 +70,7 @@ def test_async_first_failure_without_a_key_fails_clearly_too() -> None:
     assert "anyio.run" in code
     result = _probe(code)
     assert result["loaded"] == []
+    assert result["machinery"] == ["anyio"]  # the test's own anyio.run; nothing of ours
     (note,) = result["notes"]  # type: ignore[misc]
     assert "no API key" in note
 

@@ -170,9 +170,13 @@ async def run_job(job: FollowupJob, settings: Settings, runner: str) -> Followup
     import anyio
 
     from .. import _bridge, _pipeline
+    from .._entry import admit
 
     rec = FollowupRecord(job, settings, runner)
     try:
+        refused: FollowupResult | None = admit(rec)
+        if refused is not None:
+            return refused
         result: FollowupResult = await _pipeline.run(rec, _bridge.placement())
         return result
     except anyio.get_cancelled_exc_class():
