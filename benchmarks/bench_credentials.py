@@ -2,9 +2,10 @@
 
 Each sample is a fresh interpreter, no ``OPENAI_*`` variable, ``CrashOverride()`` with no key,
 model instance or base URL. The time runs from the ``raise`` inside the protected block to the
-exception (with its note) arriving at the caller's ``except``; the SDK must not be imported on
-the way. Measured cold (the first failure also imports the recovery pipeline: structlog, which
-imports asyncio, and anyio) and with the pipeline already imported, as in a server whose
+exception (with its note) arriving at the caller's ``except``; neither the SDK nor the run
+machinery (anyio, the placements, the agent) is imported on the way, and no thread starts.
+Measured cold (the first failure also imports the recovery's record and structlog, which
+imports asyncio) and with the recovery machinery already imported, as in a server whose
 middleware warmed up at startup.
 
     python -m benchmarks.bench_credentials
@@ -60,9 +61,9 @@ def run() -> list[Row]:
         row("first failure without credentials, fresh interpreter: exception back with its note",
             statistics.median(times), "ms", target="< 50 ms",
             note=f"median of {REPEATS} (worst {max(times):.1f} ms); SDK imported: {imported}; "
-                 "includes importing the pipeline (structlog, which imports asyncio, anyio); "
+                 "includes importing the recovery record and structlog (which imports asyncio); "
                  f"note: {note}"),
-        row("first failure without credentials, pipeline already imported (a warmed-up server)",
+        row("first failure without credentials, recovery machinery already imported (warmed up)",
             statistics.median(loaded), "ms", target="< 50 ms",
             note=f"median of {REPEATS} (worst {max(loaded):.1f} ms); SDK imported: {imported}"),
     ]  # fmt: skip
