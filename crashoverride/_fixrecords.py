@@ -1,9 +1,19 @@
 """Fix records: the code a recovery changed, signed, so other processes can apply it.
 
-A recovery's agent code that calls ``replace_function`` is noted here (``note``), per recovery.
-When that recovery succeeds, the fleet backend turns the notes into one record: the
-fingerprint, each target (module, qualname, digest of the code it replaced, new source), the
+A recovery's agent code that changes a function is noted here (``note``), per recovery:
+``replace_function``, ``rebind_everywhere``, and ``persist_function`` with a new source the live
+function does not run (kind "persist": applied live elsewhere as ``replace_function`` would;
+one the live function runs already was noted by the call that made it run it, and is not
+carried twice). When that recovery succeeds, the fleet backend turns the notes into one record:
+the fingerprint, each target (module, qualname, digest of the code it replaced, new source), the
 recovery id, the time and who approved the code, signed with HMAC-SHA256 under the fleet key.
+
+A ``persist_file_edit`` (any text edit, ``note_file``) has no live equivalent: the record
+carries it as information (its path from the import root, its redacted diff), shown to
+``approve=`` and never applied. Other processes never write it to their files: the processes of
+one host share the file the leader wrote already, and other hosts' copies are the deployment's,
+which brings the edit with its next release (a running replica rewriting its own image would
+drift from what was deployed and reviewed).
 
 A process applies a record only if its signature verifies AND each target's current code has
 the recorded digest (the same deployment); anything else is refused. Digests are computed from
@@ -25,8 +35,11 @@ from collections.abc import Callable
 from typing import Any, Final
 
 _MAX_PENDING: Final = 256  # recoveries whose notes are kept until they conclude
+_MAX_DIFF: Final = 4_000  # characters of a persisted file edit's diff a record carries
 _lock = threading.Lock()
 _pending: OrderedDict[str, dict[str, dict[str, str]]] = OrderedDict()
+# File edits by recovery, until its record is made (``make``) or they are pushed out.
+_files: OrderedDict[str, list[dict[str, str]]] = OrderedDict()
 
 
 class Refused(Exception):
@@ -63,8 +76,9 @@ def note(
     kind: str = "replace",
 ) -> None:
     """Agent code changed ``target`` (``replace_function`` swapped its code, ``kind``
-    "replace"; ``rebind_everywhere`` rebound it to a function running ``new``, "rebind"):
-    remember it for the running recovery's fix record."""
+    "replace"; ``rebind_everywhere`` rebound it to a function running ``new``, "rebind";
+    ``persist_function`` wrote ``new`` to its file, "persist"): remember it for the running
+    recovery's fix record. A later change of the same target replaces an earlier one."""
     from ._pipeline import current_recovery
 
     recovery_id = current_recovery()
@@ -81,19 +95,34 @@ def note(
             change["code_hash"] = first["code_hash"]
         changes[f"{target.__module__}:{qualname}"] = change
         _pending.move_to_end(recovery_id)
-        while len(_pending) > _MAX_PENDING:
-            _pending.popitem(last=False)
+        _bound(_pending)
+
+
+def note_file(recovery_id: str, path: str, diff: str) -> None:
+    """A ``persist_file_edit`` of recovery ``recovery_id`` wrote ``diff`` (redacted) to the file
+    ``path`` (relative to its import root): information for its fix record."""
+    edit = {"path": path, "diff": diff[:_MAX_DIFF]}
+    with _lock:
+        _files.setdefault(recovery_id, []).append(edit)
+        _files.move_to_end(recovery_id)
+        _bound(_files)
+
+
+def _bound(notes: OrderedDict[str, Any]) -> None:
+    while len(notes) > _MAX_PENDING:
+        notes.popitem(last=False)
 
 
 def take(recovery_id: str) -> list[dict[str, str]]:
-    """The notes of a concluded recovery (and forget them)."""
+    """The targets noted by a concluded recovery (and forget them); its file edits go into
+    its record (``make``)."""
     with _lock:
         return list(_pending.pop(recovery_id, {}).values())
 
 
 def has_changes(recovery_id: str) -> bool:
     with _lock:
-        return bool(_pending.get(recovery_id))
+        return bool(_pending.get(recovery_id)) or bool(_files.get(recovery_id))
 
 
 # ------------------------------------------------------------------------- records on the wire
@@ -113,11 +142,21 @@ def make(
     recipe: tuple[str, ...] = (),
     turns: int = 0,
 ) -> dict[str, Any]:
-    """A record; ``recipe``: the recovery's state-repair snippets (``_recipes``), ``turns``: the
-    model calls it took."""
+    """A record; ``recipe``: the recovery's state-repair snippets (``_recipes``), left out when
+    they hold a secret; ``turns``: the model calls it took. The file edits the recovery
+    persisted (``note_file``) come with it."""
+    from ._recipes import told, withheld
+
+    reason = withheld(tuple(recipe)) if recipe else ""
+    if reason:
+        told(recovery_id, fingerprint, reason)
+        recipe = ()
+    with _lock:
+        files = _files.pop(recovery_id, [])
     return {"id": record_id(recovery_id), "fingerprint": fingerprint,
             "targets": targets, "recovery_id": recovery_id, "at": time.time(),
-            "approved_by": approved_by, "recipe": list(recipe), "turns": turns}  # fmt: skip
+            "approved_by": approved_by, "recipe": list(recipe), "turns": turns,
+            "files": files}  # fmt: skip
 
 
 def _canonical(record: dict[str, Any]) -> bytes:
@@ -144,6 +183,12 @@ def verify(stored: str | bytes, key: bytes) -> dict[str, Any]:
         raise Refused("malformed record")
     if not all(isinstance(snippet, str) for snippet in record.get("recipe", [])):
         raise Refused("malformed recipe")
+    files = record.get("files", [])
+    if not isinstance(files, list) or not all(
+        isinstance(edit, dict) and isinstance(edit.get("path"), str)
+        and isinstance(edit.get("diff"), str) for edit in files
+    ):  # fmt: skip
+        raise Refused("malformed file edits")
     return record
 
 
@@ -209,6 +254,12 @@ async def receive(
     """
     record = verify(stored, key)
     todo = check(record)
+    if not record["targets"] and not record.get("recipe") and record.get("files"):
+        raise Refused(
+            f"nothing to apply here: the record carries only persisted file edits "
+            f"({', '.join(not_applied(record))}), which other processes never apply (the "
+            "processes of one host share the file; other hosts get it with their next deployment)"
+        )
     if not todo and not record.get("recipe"):
         return record, []
     if approve is not None:
@@ -231,12 +282,31 @@ def approval_text(record: dict[str, Any]) -> str:
     """What ``approve=`` is shown of a propagated fix: the code that will run."""
     lines = [f"# fix record {record.get('id')} from recovery {record.get('recovery_id')}"]
     for target in record["targets"]:
-        lines.append(f"# replace_function({target['module']}.{target['qualname']}):")
+        name = f"{target['module']}.{target['qualname']}"
+        lines.append(_HOW.get(str(target.get("kind")), "# replace_function({}):").format(name))
         lines.append(str(target["source"]).rstrip("\n"))
     for snippet in record.get("recipe", []):
         lines.append("# state repair, replayed when this failure recurs (recipe):")
         lines.append(str(snippet).rstrip("\n"))
+    for edit in record.get("files", []):
+        lines.append(f"# persisted file edit of file {edit['path']} in the recovering process: "
+                     "not applied here (shown for information; the diff is redacted):")  # fmt: skip
+        lines.append(str(edit["diff"]).rstrip("\n"))
     return "\n".join(lines) + "\n"
+
+
+_HOW: Final = {
+    "rebind": "# rebind_everywhere({}) to:",
+    "persist": "# persist_function({}) in the recovering process; applied here live, as "
+    "replace_function:",
+}
+
+
+def not_applied(record: dict[str, Any]) -> list[str]:
+    """What a record carries that this process does not apply: its persisted file edits."""
+    return [
+        f"{edit['path']} (persisted file edit: not applied)" for edit in record.get("files", [])
+    ]
 
 
 def approved_by(records: list[Any], approver: Callable[..., Any] | None) -> str:

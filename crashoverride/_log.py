@@ -38,6 +38,8 @@ LEASE_LOST = "fleet.lease_lost"
 FIX_PUBLISHED = "fleet.fix_published"
 FIX_APPLIED = "fleet.fix_applied"
 FIX_REFUSED = "fleet.fix_refused"
+# A recovery's recipe holds a secret: its fix record goes out without it (``_recipes``).
+RECIPE_WITHHELD = "fleet.recipe_withheld"
 
 FOLLOWUP_SUBMITTED = "followup.submitted"
 FOLLOWUP_STARTED = "followup.started"

@@ -5,6 +5,11 @@ honest agents, not a security boundary: ``exec_python`` can write files anyway (
 so). What it adds: a syntax check before writing, a backup, a unified diff logged as
 ``recovery.source_changed`` and recorded in the report, and the "propose only" mode that writes
 a ``.patch`` file for review instead of touching the source.
+
+With a fleet (``RedisCoordination``), what a recovery wrote goes into its fix record
+(``_fixrecords``): a persisted function the live one does not run yet, as code other processes
+run live; any other file edit, as information only (its redacted diff). Proposals change
+nothing anywhere, so they publish nothing.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ import inspect
 import itertools
 import os
 import stat
+import sys
 import tempfile
 import textwrap
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +58,7 @@ class SourceEditor:
         self.redact = redact
         self.fields = fields
         self.changes: list[SourceChange] = []
+        self._last_written = False
 
     def persist_function(self, func: Any, new_source: str | None = None) -> str:
         """Write ``func``'s new source (default: what it runs now) over its definition on disk."""
@@ -60,6 +68,7 @@ class SourceEditor:
         if found is None:
             raise ValueError(f"cannot tell which file defines {func!r}")
         path, first_line, original = found
+        given = new_source
         if new_source is None:
             new_source = inspect.getsource(func)
         text = _read(path)
@@ -79,6 +88,8 @@ class SourceEditor:
         new_text = "".join(lines[:start]) + body + "".join(lines[start + len(old_lines) :])
         new_text, unresolved = _with_needed_imports(new_text, getattr(func, "__func__", func))
         outcome = self._apply(path, text, new_text)
+        if given is not None and self._written():
+            _note_function(getattr(func, "__func__", func), given)
         if unresolved:
             outcome += (
                 f"; warning: it uses {', '.join(sorted(unresolved))}, which the file does not "
@@ -94,9 +105,19 @@ class SourceEditor:
         count = text.count(old)
         if count != 1:
             raise ValueError(f"`old` must occur exactly once in {path}; it occurs {count} times")
-        return self._apply(path, text, text.replace(old, new, 1))
+        outcome = self._apply(path, text, text.replace(old, new, 1))
+        if self._written():
+            from ._fixrecords import note_file
+
+            note_file(self.recovery_id, _import_relative(path), self.changes[-1].diff)
+        return outcome
+
+    def _written(self) -> bool:
+        """Whether the last ``_apply`` wrote a file (not: no change, or a proposal)."""
+        return bool(self._last_written)
 
     def _apply(self, path: str, before: str, after: str) -> str:
+        self._last_written = False
         if path.endswith(".py"):
             ast.parse(after, path)  # a fix that does not parse is never written
         name = os.path.basename(path)
@@ -117,12 +138,67 @@ class SourceEditor:
             backup = _create(f"{path}.{self.recovery_id}", ".bak", before, mode)
             _replace(path, after)
             change = SourceChange(path=path, kind="written", diff=self.redact(diff), file=backup)
+            self._last_written = True
         self.changes.append(change)
         _log.emit("warning", _log.SOURCE_CHANGED, path=path, kind=change.kind,
                   diff=clip(change.diff, 4_000), file=change.file, **self.fields())  # fmt: skip
         if change.kind == "proposed":
             return f"proposed: the patch for {path} was written to {change.file} for review"
         return f"written: {path} updated (backup {change.file})"
+
+
+def _note_function(func: Any, new_source: str) -> None:
+    """A persisted function, for the fix record: a target other processes run live, unless the
+    live function runs this code already (then the call that made it run it noted it)."""
+    from ._fixrecords import digest, note
+
+    if not isinstance(func, types.FunctionType):
+        return
+    compiled = _bare_definition(new_source)
+    if compiled is None:
+        return  # not one function definition: nothing ``replace_function`` could apply
+    source, code = compiled
+    if digest(code) != digest(func.__code__):
+        note(func, func.__code__, source, new=code, kind="persist")
+
+
+def _bare_definition(source: str) -> tuple[str, types.CodeType] | None:
+    """The one function ``source`` defines, without its decorators, and its code.
+
+    Decorators ran when the module was imported (routes, registries); run again where the
+    record is applied live, they would register twice. ``replace_function`` takes the bare
+    definition and keeps the decorated function's identity. Compiled, not executed, with no
+    inherited ``__future__`` flags, as ``replace_function`` compiles it (the same digest).
+    """
+    text = textwrap.dedent(source)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef | ast.AsyncFunctionDef):
+        return None
+    node = tree.body[0]
+    bare = "".join(text.splitlines(keepends=True)[node.lineno - 1 :])
+    module = compile(bare, "<persisted>", "exec", dont_inherit=True)
+    for const in module.co_consts:
+        if isinstance(const, types.CodeType) and const.co_name == node.name:
+            return bare, const
+    return None
+
+
+def _import_relative(path: str) -> str:
+    """``path`` as every process of a deployment names it: from the ``sys.path`` entry it lies
+    under (the deepest), else its file name. Absolute paths differ between hosts, containers and
+    virtualenvs, and would tell everyone who reads Redis this host's layout (user names)."""
+    real = os.path.realpath(path)
+    root = ""
+    for entry in sys.path:
+        candidate = os.path.realpath(entry or os.curdir)
+        if real.startswith(candidate.rstrip(os.sep) + os.sep) and len(candidate) > len(root):
+            root = candidate
+    if not root:
+        return os.path.basename(real)
+    return os.path.relpath(real, root).replace(os.sep, "/")
 
 
 def _global_names(code: Any) -> set[str]:

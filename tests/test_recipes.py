@@ -12,6 +12,7 @@ from structlog.testing import capture_logs
 from crashoverride import CrashOverride, RedisCoordination
 from tests.fleet_support import FLEET_KEY, clean, close_fleet, fleet_redis, new_namespace
 from tests.helpers import done_step, exec_step, scripted
+from tests.test_fleet_persist import stored_values
 
 REPAIR = "caller['total'] = caller['x'] * 2"
 REPAIR_AND_PATCH = (
@@ -104,3 +105,47 @@ def test_a_recipe_travels_in_the_fix_record_to_a_process_started_later() -> None
     assert report.fix_record.startswith("fix_")
     assert compute(1) == 2  # the code fix came with it
     assert [e["event"] for e in logs if e["event"].startswith("fleet.")] == ["fleet.fix_applied"]
+
+
+PROVIDER_KEY = "sk-proj-" + "Q7x" * 13 + "z"  # the OpenAI key format: found by its shape
+KNOWN_PASSWORD = "Tr0ub4dor&3-horse"  # a plain value, known as a secret from the frame's locals
+
+
+@pytest.mark.parametrize(
+    "secret", [PROVIDER_KEY, KNOWN_PASSWORD], ids=["provider-key", "known-local-value"]
+)
+def test_a_recipe_holding_a_secret_stays_in_its_process(secret: str) -> None:
+    repair = f"caller['token'] = {secret!r}\n" + REPAIR_AND_PATCH
+
+    def secret_block(co: CrashOverride, x: int) -> int:
+        db_password = KNOWN_PASSWORD  # the recovery's redactor knows this value
+        total = 0
+        with co.handler(prompt="total is twice x", postcondition=doubled):
+            total = compute(x) + len(db_password) * 0
+        return total
+
+    with fleet_redis() as url:
+        namespace = new_namespace()
+        model = scripted(exec_step(repair), done_step("patched"))
+        reports: list[Any] = []
+        co = CrashOverride(
+            model=model, on_recovery=reports.append,
+            coordination=RedisCoordination(url, namespace=namespace, key=FLEET_KEY,
+                                           op_timeout=2.0),
+        )  # fmt: skip
+        with capture_logs() as logs:
+            assert secret_block(co, 3) == 6
+        stored = stored_values(url, namespace)
+        compute.__code__ = ORIGINAL  # the same failure again, in this process
+        assert secret_block(co, 5) == 10
+        close_fleet(co)
+        clean(url, namespace)
+    assert secret.encode() not in stored  # no byte of it reached Redis
+    assert b"return x * 2" in stored  # the code fix itself was published
+    (withheld,) = [e for e in logs if e["event"] == "fleet.recipe_withheld"]
+    assert "secret" in withheld["reason"] and withheld["recovery_id"] == reports[0].recovery_id
+    assert [e["event"] for e in logs if e["event"].startswith("fleet.")] == [
+        "fleet.lease_taken", "fleet.recipe_withheld", "fleet.fix_published",
+    ]  # fmt: skip
+    assert len(model.calls) == 2  # in this process the recipe still serves the second failure
+    assert (reports[1].via, reports[1].fleet_role) == ("recipe", "recipe")
