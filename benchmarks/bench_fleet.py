@@ -11,6 +11,10 @@
   helper-thread hops, the lease).
 * fallback: the same, with a Redis that stopped answering (SIGSTOP) after the first
   recovery: each recovery waits ``op_timeout`` (0.1 s) for Redis, then goes on in-process.
+* silent first connection: a process's FIRST recovery, with a Redis that accepts connections
+  and never answers (a socket server of the benchmark's own): the connection attempt goes on
+  in the background, the recovery waits ``op_timeout`` for it, then goes on in-process. Each
+  sample is a fresh ``CrashOverride`` (a first connection of its own).
 * happy path: ``with co.handler()`` with ``coordination=RedisCoordination(...)`` vs
   ``contextlib.suppress`` (target as for the in-process default: <= 1.25x).
 
@@ -197,6 +201,26 @@ def _fallback_ms(count: int) -> float:
             server.wait(10)
 
 
+def _silent_first_ms(samples: int) -> float:
+    """A first recovery (and so a first connection), with a Redis that never answers."""
+    from crashoverride import CrashOverride, RedisCoordination
+    from tests.fleet_support import close_fleet, silent_redis
+    from tests.helpers import give_up_step, scripted
+
+    (fail,) = _distinct_failures(1)
+    measured = []
+    with silent_redis() as server:
+        for _ in range(samples):
+            fleet = RedisCoordination(server.url, namespace="bench-silent", key=KEY)
+            co = CrashOverride(model=scripted(give_up_step("not this time")), coordination=fleet)
+            began = time.perf_counter()
+            with contextlib.suppress(LookupError), co.handler(prompt="-"):
+                fail()
+            measured.append((time.perf_counter() - began) * 1000)
+            close_fleet(co)  # its connection attempt, still going on, is closed
+    return statistics.median(measured)
+
+
 def _happy_rows() -> list[Row]:
     from benchmarks.bench_happy import _sync_rows
     from crashoverride import CrashOverride
@@ -222,6 +246,7 @@ def run(processes: int = 4, failures: int = 50, work: float = 0.5) -> list[Row]:
     with capture_logs():  # the events of 80 recoveries are not what this measures
         overhead = {mode: _per_recovery_ms(mode, 40) for mode in ("in-process", "fleet")}
         stopped = _fallback_ms(12)
+        silent = _silent_first_ms(7)
     redis.Redis.from_url(REDIS_URL).flushdb()
     return [
         row(f"fleet burst ({shape}): agent runs, Redis vs in-process", fleet["runs"], "runs",
@@ -236,6 +261,10 @@ def run(processes: int = 4, failures: int = 50, work: float = 0.5) -> list[Row]:
             "ms", baseline=overhead["in-process"], target="fallback ~100 ms",
             note=f"falls back in-process after {stopped - overhead['in-process']:.0f} ms "
                  "(op_timeout 0.1 s)"),
+        row("fleet: Redis that accepts but never answers, first connection, vs in-process",
+            silent, "ms", baseline=overhead["in-process"], target="fallback ~100 ms",
+            note=f"falls back after {silent - overhead['in-process']:.0f} ms (op_timeout "
+                 "0.1 s, connecting included)"),
         *_happy_rows(),
     ]  # fmt: skip
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from . import _fixrecords, _log, _recipes
 from ._coordination import LEAD, InProcess, Joined
 from ._fleet_eager import Eager, announce
-from ._fleet_link import CONNECT_FACTOR, Link, Unavailable
+from ._fleet_link import Link, Unavailable
 from ._fleet_scripts import (
     ACQUIRE,
     BUDGET,
@@ -298,7 +298,7 @@ class Fleet:
         bound = self.option.op_timeout
         pubsub = client.pubsub()
         try:
-            async with asyncio.timeout(CONNECT_FACTOR * bound):  # a connection of its own
+            async with asyncio.timeout(bound):  # a connection of its own: no longer than a call
                 await pubsub.subscribe(keys["channel"])
             while True:
                 async with asyncio.timeout(bound):

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Callable
 from typing import Any, Final
 
 from . import _fixrecords, _log
 from ._bridge import run_job
 from ._fleet_link import Link
+from ._fleet_scripts import ANNOUNCE, ms
 from ._redis_coordination import RedisCoordination
 
 _MAX_INDEXED: Final = 1_000  # records a late process catches up on, newest kept
@@ -31,14 +31,8 @@ def index_key(namespace: str) -> str:
 
 async def announce(client: Any, option: RedisCoordination, fix_key: str) -> None:
     """After a record is stored: index it (bounded by age and count) and announce it."""
-    index, now = index_key(option.namespace), time.time()
-    pipe = client.pipeline(transaction=False)
-    pipe.zadd(index, {fix_key: now})
-    pipe.zremrangebyscore(index, "-inf", now - option.record_ttl)
-    pipe.zremrangebyrank(index, 0, -_MAX_INDEXED - 1)
-    pipe.expire(index, round(option.record_ttl))
-    pipe.publish(index, fix_key)
-    await pipe.execute()
+    index = index_key(option.namespace)
+    await client.eval(ANNOUNCE, 1, index, fix_key, ms(option.record_ttl), _MAX_INDEXED)
 
 
 class Eager:

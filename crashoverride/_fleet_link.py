@@ -7,8 +7,9 @@ the happy path), and every operation is sent there and awaited as a future (``_b
 which works on asyncio and trio alike and stays cancellable by the recovery's deadline. After a
 ``fork`` (Celery prefork, gunicorn) the child starts its own thread and client.
 
-Every operation is bounded by ``op_timeout``; a failure or time-out raises ``Unavailable``,
-upon which the caller falls back to in-process coordination.
+Every operation is bounded by ``op_timeout``, connecting included (a connection attempt that
+takes longer goes on in the background for later recoveries); a failure or time-out raises
+``Unavailable``, upon which the caller falls back to in-process coordination.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from ._redis_coordination import RedisCoordination
 
 T = TypeVar("T")
 Future = concurrent.futures.Future
-# A new connection (the first of a process, a subscriber's) may take this many op_timeouts.
+# A process's connection attempt may take this many op_timeouts, in the background: the
+# recovery that started it waits one op_timeout at most, then goes on in-process.
 CONNECT_FACTOR = 5
 Operation = Callable[[Any], Awaitable[T]]
 
@@ -68,27 +70,43 @@ class Link:
         self.option = option
         # [pid, client]: a list so the finalizer can close the client without holding the Link.
         self._client: list[Any] = [0, None]
-        self._connecting: tuple[int, asyncio.Lock] | None = None
+        self._connecting: tuple[int, asyncio.Task[Any]] | None = None  # (pid, attempt)
         self._background: list[Future[Any]] = []
         weakref.finalize(self, _close_later, self._client)
 
-    async def _connected(self) -> Any:
-        # Runs on the helper loop only, so the lock is made and taken on that loop.
-        if self._connecting is None or self._connecting[0] != os.getpid():
-            self._connecting = (os.getpid(), asyncio.Lock())  # one per helper loop
-        async with self._connecting[1]:
-            pid, client = self._client
-            if client is None or pid != os.getpid():
-                factory = self.option.client_factory
-                client = factory() if factory is not None else _from_url(self.option)
-                try:
-                    # The first connection (TCP, TLS, AUTH) may take longer than one command.
-                    async with asyncio.timeout(CONNECT_FACTOR * self.option.op_timeout):
-                        await client.ping()
-                except BaseException:  # cleanup and re-raise: never leave a socket behind
-                    await asyncio.shield(client.aclose())
-                    raise
-                self._client[:] = [os.getpid(), client]
+    def _attempt(self) -> asyncio.Task[Any] | None:
+        """On the helper loop: the connection attempt in flight (started if none), or None
+        when connected. It is a task of its own, which callers await through a shield: one
+        that stops waiting (its ``op_timeout`` is up) leaves it going, bounded by its own
+        deadline, and a later caller finds its client. Building the client (importing
+        redis-py, the factory) is local work, done here before any caller's bound starts."""
+        pid, client = self._client
+        if client is not None and pid == os.getpid():
+            return None
+        pending = self._connecting
+        if pending is None or pending[0] != os.getpid() or pending[1].done():
+            factory = self.option.client_factory
+            client = factory() if factory is not None else _from_url(self.option)
+            pending = (os.getpid(), asyncio.ensure_future(self._connect(client)))
+            pending[1].add_done_callback(_retrieved)
+            self._connecting = pending
+        return pending[1]
+
+    async def _connected(self, attempt: asyncio.Task[Any] | None) -> Any:
+        return self._client[1] if attempt is None else await asyncio.shield(attempt)
+
+    async def _connect(self, client: Any) -> Any:
+        try:
+            # A first connection (TCP, TLS, AUTH) may take longer than one command: in the
+            # background, while the recovery that started it goes on without Redis. The PING
+            # also loads a Cluster client's slot map, which its pub/sub needs (redis-py's
+            # ClusterPubSub fails on a client that has not sent a command yet).
+            async with asyncio.timeout(CONNECT_FACTOR * self.option.op_timeout):
+                await client.ping()
+        except BaseException:  # cleanup and re-raise: never leave a socket behind
+            await asyncio.shield(_aclose(client))
+            raise
+        self._client[:] = [os.getpid(), client]
         return client
 
     def close(self) -> None:
@@ -97,30 +115,56 @@ class Link:
         for future in self._background:
             future.cancel()
         self._background.clear()
+        pending, self._connecting = self._connecting, None
+        if pending is not None and pending[0] == os.getpid() and _helper is not None:
+
+            async def stop() -> None:  # the attempt closes its socket as it ends
+                pending[1].cancel()
+                await asyncio.wait([pending[1]])
+
+            try:
+                asyncio.run_coroutine_threadsafe(stop(), _helper[1]).result(1.0)
+            except Exception:  # best effort, as closing the client below
+                pass
         _close_later(self._client, wait=1.0)
 
     def background(self, operation: Operation[Any]) -> None:
-        """Run ``operation`` on the helper loop until ``close`` (a subscriber)."""
-        future = self.submit(operation, None)
+        """Run ``operation`` on the helper loop until ``close`` (a subscriber); while Redis
+        cannot be reached, try again every ``retry_after``."""
+
+        async def main() -> None:
+            while True:
+                try:
+                    client = await self._connected(self._attempt())
+                except Exception:  # not reachable now: the subscriber waits, as recoveries do
+                    await asyncio.sleep(self.option.retry_after)
+                    continue
+                await operation(client)
+                return
+
+        future = asyncio.run_coroutine_threadsafe(main(), _helper_loop())
         future.add_done_callback(_retrieved)
         self._background.append(future)
 
     def submit(self, operation: Operation[T], bound: float | None) -> Future[T]:
-        """Start ``operation(client)`` on the helper loop; ``bound`` (seconds) limits it, but not
-        a first connection (see ``_connected``)."""
+        """Start ``operation(client)`` on the helper loop. ``bound`` (seconds) limits the
+        whole of it, connecting included; None: only connecting, to ``op_timeout``."""
 
         async def main() -> T:
-            client = await self._connected()
+            attempt = self._attempt()
             if bound is None:
+                async with asyncio.timeout(self.option.op_timeout):
+                    client = await self._connected(attempt)
                 return await operation(client)
             async with asyncio.timeout(bound):
-                return await operation(client)
+                return await operation(await self._connected(attempt))
 
         return asyncio.run_coroutine_threadsafe(main(), _helper_loop())
 
     async def run(self, operation: Operation[T], *, bound: float | None = -1.0) -> T:
         """``operation(client)`` on the helper loop, awaited from any backend; ``Unavailable``
-        on a Redis error or time-out. Default bound: ``op_timeout``; None: the caller's scope."""
+        on a Redis error or time-out. Default bound: ``op_timeout``; None: the caller's scope
+        (connecting still within ``op_timeout``)."""
         if bound is not None and bound < 0:
             bound = self.option.op_timeout
         future = self.submit(operation, bound)
@@ -144,7 +188,7 @@ class Link:
             pass
 
 
-def _retrieved(future: concurrent.futures.Future[Any]) -> None:
+def _retrieved(future: concurrent.futures.Future[Any] | asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
 
@@ -155,11 +199,21 @@ def _close_later(state: list[Any], wait: float = 0.0) -> None:
     if client is None or pid != os.getpid() or _helper is None:
         return
     try:
-        future = asyncio.run_coroutine_threadsafe(client.aclose(), _helper[1])
+        future = asyncio.run_coroutine_threadsafe(_aclose(client), _helper[1])
         if wait:
             future.result(wait)
     except Exception:  # closing is best effort (the loop may be gone at interpreter exit)
         pass
+
+
+async def _aclose(client: Any) -> None:
+    await client.aclose()
+    # A Sentinel-managed client (``Sentinel(...).master_for(...)``) leaves its Sentinel's own
+    # connections open: redis-py says the caller owns them. Here the caller is the factory we
+    # called, so they are closed with the client (a Sentinel reconnects if used again).
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+    if manager is not None and hasattr(manager, "aclose"):
+        await manager.aclose()
 
 
 def _from_url(option: RedisCoordination) -> Any:
@@ -169,8 +223,9 @@ def _from_url(option: RedisCoordination) -> Any:
 
     assert option.url is not None
     # No retries: a Redis that does not answer at once is treated as down (fall back in-process),
-    # never retried while a recovery waits.
+    # never retried while a recovery waits. Opening a socket (a TLS handshake included) may take
+    # as long as the background attempt: no recovery waits for it beyond its op_timeout.
     return redis.asyncio.from_url(
-        option.url, socket_connect_timeout=option.op_timeout, retry=Retry(NoBackoff(), 0),
-        health_check_interval=0,
+        option.url, socket_connect_timeout=CONNECT_FACTOR * option.op_timeout,
+        retry=Retry(NoBackoff(), 0), health_check_interval=0,
     )  # fmt: skip

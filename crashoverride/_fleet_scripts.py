@@ -62,6 +62,18 @@ redis.call('ZADD', KEYS[1], ms, ARGV[2])
 redis.call('PEXPIRE', KEYS[1], 60000)
 return 1
 """
+# KEYS: the namespace's fix index. ARGV: fix key, retention ms, most records kept. One script,
+# not a pipeline: a Cluster client refuses PUBLISH in a pipeline, and this is one slot.
+ANNOUNCE: Final = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZADD', KEYS[1], ms, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms - tonumber(ARGV[2]))
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -tonumber(ARGV[3]) - 1)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PUBLISH', KEYS[1], ARGV[1])
+return 1
+"""
 OUTCOME_MS: Final = 60_000  # an outcome only matters to the waiters of its episode
 MAX_WAKE: Final = 1.0  # a waiter re-checks the lease at least this often (no hot polling)
 

@@ -55,7 +55,8 @@ class RedisCoordination:
     the others apply before replaying (see README, "Running a fleet").
 
     Args:
-        url: ``redis://``, ``rediss://`` (TLS) or ``unix://`` URL, read by redis-py.
+        url: ``redis://``, ``rediss://`` (TLS; e.g. ``?ssl_ca_certs=/path/ca.pem``) or
+            ``unix://`` URL, read by redis-py.
         namespace: Prefix of every key and channel: one per application (and deployment).
         key: The fleet key (str or bytes, at least 16 bytes) that signs and verifies fix
             records (HMAC-SHA256). Required unless ``apply_fixes="never"``.
@@ -64,15 +65,19 @@ class RedisCoordination:
             or ``"never"`` (records are neither published nor applied).
         lease: Seconds a leader's lease lasts without renewal: a dead leader is replaced after
             at most this (plus one second).
-        op_timeout: Seconds one Redis operation may take before coordination falls back to
-            this process alone (``coordination.degraded``). Opening a connection (a process's
-            first, a waiter's subscription; TLS included) may take five times as long.
+        op_timeout: Seconds a recovery waits for Redis at any step, the process's first
+            connection included (TCP, TLS, AUTH); then it goes on in this process alone
+            (``coordination.degraded``). A connection attempt that takes longer goes on in the
+            background (up to five times as long) for later recoveries to use.
         retry_after: Seconds before a degraded process tries Redis again.
         max_agent_runs_per_minute: A fleet-wide ceiling on agent runs (cost control); None:
             no ceiling.
         record_ttl: Seconds fix records are kept for processes that start later.
-        client_factory: Builds the ``redis.asyncio`` client instead of ``from_url`` (Sentinel,
-            Cluster, custom TLS). Called once per process on coordination's own thread.
+        client_factory: Builds the ``redis.asyncio`` client instead of ``from_url``: a Cluster
+            (``redis.asyncio.RedisCluster.from_url(...)``), a Sentinel-managed master
+            (``redis.asyncio.sentinel.Sentinel([...]).master_for(name)``; the Sentinel's own
+            connections are closed with the client), custom TLS. Called on coordination's own
+            thread for each connection attempt (once per process while Redis answers).
 
     Raises:
         ConfigurationError: An argument is invalid; the error names it.

@@ -89,3 +89,97 @@ def close_fleet(*apps: Any) -> None:
         link = getattr(getattr(state, "coordination", None), "link", None)
         if link is not None:
             link.close()
+
+
+class SilentServer:
+    """A TCP server on 127.0.0.1 that accepts every connection, reads what comes and never
+    answers: a Redis that hangs (its URL is ``url``). It also tells whether each connection it
+    accepted was closed by the client again (``open_connections``)."""
+
+    def __init__(self) -> None:
+        import selectors
+        import threading
+
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.setblocking(False)
+        self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}/0"
+        self.accepted = 0
+        self._open: set[socket.socket] = set()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="silent-redis", daemon=True)
+        self._thread.start()
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    def _serve(self) -> None:
+        import selectors
+
+        while not self._stop.is_set():
+            for found, _ in self._selector.select(timeout=0.01):
+                sock = found.fileobj
+                assert isinstance(sock, socket.socket)
+                if sock is self._listener:
+                    conn, _ = sock.accept()
+                    conn.setblocking(False)
+                    self.accepted += 1
+                    self._open.add(conn)
+                    self._selector.register(conn, selectors.EVENT_READ)
+                    continue
+                try:
+                    data = sock.recv(65536)
+                except OSError:
+                    data = b""
+                if not data:  # the client closed it
+                    self._selector.unregister(sock)
+                    self._open.discard(sock)
+                    sock.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for conn in self._open:
+            conn.close()
+        self._selector.close()
+        self._listener.close()
+
+
+@contextmanager
+def silent_redis() -> Iterator[SilentServer]:
+    server = SilentServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+async def leader_then_others(
+    on_leader: Any, on_other: Any, count: int, logs: list[dict[str, Any]]
+) -> dict[int, int]:
+    """A burst across two apps: odd arguments fail on the first, and once it holds the lease,
+    even ones on the second. Their results, by argument."""
+    import anyio
+
+    results: dict[int, int] = {}
+
+    async def run(job: Any, i: int) -> None:
+        results[i] = await job(i)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(1, count, 2):
+            tg.start_soon(run, on_leader, i)
+        while not any(e["event"] == "fleet.lease_taken" for e in logs):  # noqa: ASYNC110
+            await anyio.sleep(0.01)  # polled: the lease is taken on another thread
+        for i in range(0, count, 2):
+            tg.start_soon(run, on_other, i)
+    return results
+
+
+def assert_skipped_for_budget(error: BaseException, logs: list[dict[str, Any]]) -> None:
+    """The failure was not recovered for the fleet budget, and its note and event say so."""
+    assert "fleet budget reached" in "".join(getattr(error, "__notes__", []))
+    (skipped,) = [e for e in logs if e["event"] == "recovery.skipped"]
+    assert "max_agent_runs_per_minute" in skipped["reason"]

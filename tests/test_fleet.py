@@ -22,10 +22,12 @@ from crashoverride import ConfigurationError, CrashOverride, RedisCoordination
 from crashoverride._coordination import InProcess
 from tests.fleet_support import (
     FLEET_KEY,
+    assert_skipped_for_budget,
     clean,
     close_fleet,
     fleet_redis,
     free_port,
+    leader_then_others,
     new_namespace,
     private_redis,
 )
@@ -249,19 +251,8 @@ async def test_both_backends_give_one_agent_run_for_a_burst(url: str, backend: s
 async def test_two_processes_one_agent_run_and_every_unit_replays(url: str) -> None:
     first, second = scripted(exec_step(PATCH), done_step("patched")), scripted()
     leader, other = app(url, first), app(url, second)
-    on_leader, on_other = async_jobs(leader, other)
-    results: dict[int, int] = {}
-
-    async def run(job: Any, i: int) -> None:
-        results[i] = await job(i)
-
     with capture_logs() as logs:
-        async with anyio.create_task_group() as tg:
-            for i in range(1, 10, 2):
-                tg.start_soon(run, on_leader, i)
-            await _until(lambda: events(logs, "fleet.lease_taken"))  # the leader is known
-            for i in range(0, 10, 2):
-                tg.start_soon(run, on_other, i)
+        results = await leader_then_others(*async_jobs(leader, other), 10, logs)
     close_fleet(leader, other)
     assert results == {i: i * 10 for i in range(10)}
     assert len(first.calls) == 2 and len(second.calls) == 0  # one agent run, two turns
@@ -461,8 +452,7 @@ def test_the_fleet_budget_skips_with_a_clear_note(url: str) -> None:
         other(1)
     close_fleet(first, second)
     assert len(second_model.calls) == 0
-    assert "fleet budget reached" in "".join(caught.value.__notes__)
-    assert "max_agent_runs_per_minute" in events(logs, "recovery.skipped")[0]["reason"]
+    assert_skipped_for_budget(caught.value, logs)
 
 
 # -------------------------------------------------------------------------------- degradation
