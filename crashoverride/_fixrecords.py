@@ -120,6 +120,21 @@ def take(recovery_id: str) -> list[dict[str, str]]:
         return list(_pending.pop(recovery_id, {}).values())
 
 
+def withhold_secrets(recovery_id: str, redact: Callable[[str], str]) -> list[str]:
+    """Drop the noted changes whose new source holds a secret (``redact``, the recovery's own
+    redactor, would change it); the names dropped. They stay in force here, in a process that
+    held the secret already; published, they would copy it into Redis and every process."""
+    with _lock:
+        changes = _pending.get(recovery_id, {})
+        held = [
+            key for key, change in changes.items() if redact(change["source"]) != change["source"]
+        ]
+        names = [f"{changes[key]['module']}.{changes[key]['qualname']}" for key in held]
+        for key in held:
+            del changes[key]
+    return names
+
+
 def has_changes(recovery_id: str) -> bool:
     with _lock:
         return bool(_pending.get(recovery_id)) or bool(_files.get(recovery_id))

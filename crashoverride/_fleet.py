@@ -105,6 +105,10 @@ class Fleet:
 
     def report_fields(self, rec: Recovery) -> dict[str, Any]:
         publishes = self.option.key is not None and rec.id in self._leases
+        withheld = _fixrecords.withhold_secrets(rec.id, rec.redact) if publishes else []
+        if withheld:
+            _log.emit("warning", _log.FIX_WITHHELD, targets=withheld, reason="its new source "
+                      "holds a secret: it runs in this process only", **rec.fields())  # fmt: skip
         if publishes and (_fixrecords.has_changes(rec.id) or _recipes.pending(rec.id)):
             return {"fix_record": _fixrecords.record_id(rec.id)}
         return {}
@@ -337,7 +341,8 @@ class Fleet:
         if not changed:
             return False  # this process runs the fix already: it did not help here
         rec.tag(fix_record=str(record.get("id", "")), model_calls_saved=record.get("turns", 0))
-        _log.emit("info", _log.FIX_APPLIED, targets=changed, **rec.fields())
+        _log.emit("info", _log.FIX_APPLIED, targets=changed,
+                  not_applied=_fixrecords.not_applied(record), **rec.fields())  # fmt: skip
         return True
 
     def _degrade(self, rec: Recovery, reason: str) -> None:

@@ -86,4 +86,5 @@ class Eager:
             return
         if changed:
             _log.emit("info", _log.FIX_APPLIED, targets=changed, fleet_role="eager",
+                      not_applied=_fixrecords.not_applied(record),
                       fix_record=str(record.get("id", "")))  # fmt: skip

@@ -40,6 +40,8 @@ FIX_APPLIED = "fleet.fix_applied"
 FIX_REFUSED = "fleet.fix_refused"
 # A recovery's recipe holds a secret: its fix record goes out without it (``_recipes``).
 RECIPE_WITHHELD = "fleet.recipe_withheld"
+# A code fix whose new source holds a secret: it runs here, and is never published.
+FIX_WITHHELD = "fleet.fix_withheld"
 
 FOLLOWUP_SUBMITTED = "followup.submitted"
 FOLLOWUP_STARTED = "followup.started"

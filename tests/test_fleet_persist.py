@@ -222,10 +222,12 @@ def test_a_persisted_file_edit_travels_as_information_and_is_never_written_elsew
     shown: list[Any] = []
     later_model = scripted()
     later = deployment.app(later_model, approve=lambda request: shown.append(request) or True)
-    with capture_logs():
+    with capture_logs() as logs:
         assert deployment.job(later)(2) == 6
     close_fleet(leader, later)
     assert len(later_model.calls) == 0
+    (applied,) = [e for e in logs if e["event"] == "fleet.fix_applied"]
+    assert applied["not_applied"] == [f"{deployment.path.name} (persisted file edit: not applied)"]
     assert deployment.path.read_text() == MODULE  # never written by another process
     assert sorted(deployment.path.parent.iterdir()) == files  # no backup, no patch: no write
     (request,) = shown

@@ -81,20 +81,23 @@ def test_a_recipe_whose_postcondition_fails_hands_over_to_the_agent() -> None:
     assert [e["via"] for e in logs if e["event"] == "recovery.succeeded"] == ["agent"]
 
 
+def fleet(url: str, namespace: str) -> RedisCoordination:
+    return RedisCoordination(url, namespace=namespace, key=FLEET_KEY, op_timeout=2.0)
+
+
 def test_a_recipe_travels_in_the_fix_record_to_a_process_started_later() -> None:
     with fleet_redis() as url:
         namespace = new_namespace()
 
-        def fleet() -> RedisCoordination:
-            return RedisCoordination(url, namespace=namespace, key=FLEET_KEY, op_timeout=2.0)
-
         first_model = scripted(exec_step(REPAIR_AND_PATCH), done_step("patched"))
-        first = CrashOverride(model=first_model, coordination=fleet())
+        first = CrashOverride(model=first_model, coordination=fleet(url, namespace))
         assert block(first, 3, postcondition=doubled) == 6
         compute.__code__ = ORIGINAL  # a process started later
         later_model = scripted()
         reports: list[Any] = []
-        later = CrashOverride(model=later_model, coordination=fleet(), on_recovery=reports.append)
+        later = CrashOverride(
+            model=later_model, coordination=fleet(url, namespace), on_recovery=reports.append
+        )
         with capture_logs() as logs:
             assert block(later, 7, postcondition=doubled) == 14
         close_fleet(first, later)
@@ -111,18 +114,19 @@ PROVIDER_KEY = "sk-proj-" + "Q7x" * 13 + "z"  # the OpenAI key format: found by 
 KNOWN_PASSWORD = "Tr0ub4dor&3-horse"  # a plain value, known as a secret from the frame's locals
 
 
+def secret_block(co: CrashOverride, x: int) -> int:
+    db_password = KNOWN_PASSWORD  # the recovery's redactor knows this value
+    total = 0
+    with co.handler(prompt="total is twice x", postcondition=doubled):
+        total = compute(x) + len(db_password) * 0
+    return total
+
+
 @pytest.mark.parametrize(
     "secret", [PROVIDER_KEY, KNOWN_PASSWORD], ids=["provider-key", "known-local-value"]
 )
 def test_a_recipe_holding_a_secret_stays_in_its_process(secret: str) -> None:
     repair = f"caller['token'] = {secret!r}\n" + REPAIR_AND_PATCH
-
-    def secret_block(co: CrashOverride, x: int) -> int:
-        db_password = KNOWN_PASSWORD  # the recovery's redactor knows this value
-        total = 0
-        with co.handler(prompt="total is twice x", postcondition=doubled):
-            total = compute(x) + len(db_password) * 0
-        return total
 
     with fleet_redis() as url:
         namespace = new_namespace()
@@ -130,8 +134,7 @@ def test_a_recipe_holding_a_secret_stays_in_its_process(secret: str) -> None:
         reports: list[Any] = []
         co = CrashOverride(
             model=model, on_recovery=reports.append,
-            coordination=RedisCoordination(url, namespace=namespace, key=FLEET_KEY,
-                                           op_timeout=2.0),
+            coordination=fleet(url, namespace),
         )  # fmt: skip
         with capture_logs() as logs:
             assert secret_block(co, 3) == 6
@@ -149,3 +152,34 @@ def test_a_recipe_holding_a_secret_stays_in_its_process(secret: str) -> None:
     ]  # fmt: skip
     assert len(model.calls) == 2  # in this process the recipe still serves the second failure
     assert (reports[1].via, reports[1].fleet_role) == ("recipe", "recipe")
+
+
+@pytest.mark.parametrize(
+    "secret", [PROVIDER_KEY, KNOWN_PASSWORD], ids=["provider-key", "known-local-value"]
+)
+def test_a_code_fix_holding_a_secret_stays_in_its_process(secret: str) -> None:
+    # The agent wrote a secret into the new code itself: this process runs it, but publishing it
+    # would copy the secret into Redis and every process. The fix is withheld, with an event.
+    source = f"def compute(x):\n    token = {secret!r}\n    return x * 2 + len(token) * 0\n"
+    repair = f"replace_function(compute, {source!r})\ncaller['total'] = compute(caller['x'])"
+
+    with fleet_redis() as url:
+        namespace = new_namespace()
+
+        model = scripted(exec_step(repair), done_step("patched"))
+        co = CrashOverride(model=model, coordination=fleet(url, namespace))
+        with capture_logs() as logs:
+            assert secret_block(co, 3) == 6
+        stored = stored_values(url, namespace)
+        assert compute(1) == 2  # fixed here all the same
+        compute.__code__ = ORIGINAL  # a process started later: it must run its own agent
+        later_model = scripted(exec_step(REPAIR_AND_PATCH), done_step("patched"))
+        later = CrashOverride(model=later_model, coordination=fleet(url, namespace))
+        assert secret_block(later, 4) == 8
+        close_fleet(co, later)
+        clean(url, namespace)
+    assert secret.encode() not in stored  # no byte of it reached Redis
+    (withheld,) = [e for e in logs if e["event"] == "fleet.fix_withheld"]
+    assert withheld["targets"] == [f"{__name__}.compute"]
+    assert "secret" in withheld["reason"]
+    assert len(later_model.calls) == 2  # nothing usable arrived: the agent ran there
