@@ -170,7 +170,20 @@ def _certificates(where: Path) -> tuple[Path, Path, Path]:
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+            # Key identifiers: Python 3.13 verifies strictly (VERIFY_X509_STRICT) and refuses a
+            # chain without them.
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()), False
+            )
         )
+        if ca:
+            usage = dict.fromkeys(("digital_signature", "content_commitment", "key_encipherment",
+                                   "data_encipherment", "key_agreement", "crl_sign",
+                                   "encipher_only", "decipher_only"), False)  # fmt: skip
+            builder = builder.add_extension(
+                x509.KeyUsage(key_cert_sign=True, **usage), critical=True
+            )
         if not ca:
             names = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
             builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
