@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 _PROBE = """
 import json, sys
 from crashoverride import CrashOverride
@@ -54,7 +56,8 @@ def test_without_a_key_the_run_machinery_is_not_even_imported() -> None:
     assert result["threads"] == ["MainThread"]
 
 
-def test_async_first_failure_without_a_key_fails_clearly_too() -> None:
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_async_first_failure_without_a_key_fails_clearly_too(backend: str) -> None:
     code = _PROBE.replace(
         'try:\n    with co.handler(prompt="x"):\n        raise ValueError("boom")\n'
         'except ValueError as exc:\n    notes = getattr(exc, "__notes__", [])\n',
@@ -65,9 +68,9 @@ def test_async_first_failure_without_a_key_fails_clearly_too() -> None:
         '            raise ValueError("boom")\n'
         "    except ValueError as exc:\n"
         '        return getattr(exc, "__notes__", [])\n'
-        "notes = anyio.run(main)\n",
+        f"notes = anyio.run(main, backend={backend!r})\n",
     )
-    assert "anyio.run" in code
+    assert "anyio.run(main, backend=" in code
     result = _probe(code)
     assert result["loaded"] == []
     assert result["machinery"] == ["anyio"]  # the test's own anyio.run; nothing of ours
