@@ -31,7 +31,7 @@ from tests.fleet_support import (
     new_namespace,
     private_redis,
 )
-from tests.helpers import done_step, exec_step, give_up_step, scripted
+from tests.helpers import await_for, done_step, exec_step, give_up_step, scripted
 from tests.test_import import _run as run_python
 
 PATCH = (
@@ -507,23 +507,18 @@ async def test_redis_killed_mid_run_degrades_and_nothing_hangs() -> None:
         with capture_logs() as logs, anyio.fail_after(15):  # nothing hangs
             async with anyio.create_task_group() as tg:
                 tg.start_soon(run, on_first, 1)
-                await _until(lambda: events(logs, "fleet.lease_taken"))
+                await await_for(lambda: events(logs, "fleet.lease_taken"))
                 tg.start_soon(run, on_second, 2)
-                await _until(lambda: _subscribers(url) == 1)  # the second one waits in Redis
+                await await_for(lambda: _subscribers(url) == 1)  # the second one waits in Redis
                 server.kill()
                 server.wait(10)
-                await _until(lambda: events(logs, "coordination.degraded"))
+                await await_for(lambda: events(logs, "coordination.degraded"))
                 RELEASE.set()
     close_fleet(first, second)
     assert holder == {1: 10, 2: 20}
     degraded = events(logs, "coordination.degraded")
     assert len(degraded) == 2  # the waiter (it then ran its own agent) and the leader's outcome
     assert len(second_model.calls) == 2
-
-
-async def _until(condition: Any) -> None:
-    while not condition():  # noqa: ASYNC110 (polled: conditions change in other threads)
-        await anyio.sleep(0.01)
 
 
 def _subscribers(url: str) -> int:
@@ -571,11 +566,11 @@ async def test_eager_processes_apply_published_fixes_without_failing(url: str) -
     eager = app(url, scripted(), apply_fixes="eager")
     with capture_logs() as logs:
         await eager.awarm_up()  # listens from now on
-        await _until(lambda: _subscribers(url) == 1)
+        await await_for(lambda: _subscribers(url) == 1)
         source = "def transform(value):\n    return value * 7\n"
         record_id = await anyio.to_thread.run_sync(_publish_by_hand, url, source)
         with anyio.fail_after(10):
-            await _until(lambda: events(logs, "fleet.fix_applied"))
+            await await_for(lambda: events(logs, "fleet.fix_applied"))
     close_fleet(eager)
     assert transform(3) == 21  # never failed here: the fix arrived
     (applied,) = events(logs, "fleet.fix_applied")
@@ -594,7 +589,7 @@ def test_an_eager_process_started_later_catches_up(url: str) -> None:
 
 async def _until_applied(logs: list[dict[str, Any]]) -> None:
     with anyio.fail_after(10):
-        await _until(lambda: events(logs, "fleet.fix_applied"))
+        await await_for(lambda: events(logs, "fleet.fix_applied"))
 
 
 # ------------------------------------------------------------------ deadlines, renewal, fencing
@@ -635,7 +630,7 @@ async def test_the_lease_is_renewed_while_a_long_recovery_runs(url: str) -> None
     with capture_logs() as logs:
         async with anyio.create_task_group() as tg:
             tg.start_soon(run, on_leader, 1)
-            await _until(lambda: events(logs, "recovery.started"))
+            await await_for(lambda: events(logs, "recovery.started"))
             tg.start_soon(run, on_other, 2)
     close_fleet(leader, other)
     assert sorted(results) == [10, 20] and len(second.calls) == 0
@@ -696,9 +691,9 @@ async def test_a_cancelled_leader_hands_the_lease_on_at_once(url: str) -> None:
         async with anyio.create_task_group() as tg:
             scope = anyio.CancelScope()
             tg.start_soon(cancelled_leader, scope)
-            await _until(lambda: events(logs, "recovery.started"))
+            await await_for(lambda: events(logs, "recovery.started"))
             tg.start_soon(run_other)
-            await _until(lambda: _subscribers(url) == 1)
+            await await_for(lambda: _subscribers(url) == 1)
             scope.cancel()
     close_fleet(leader, other)
     assert results == [20] and len(other_model.calls) == 2

@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 
 from crashoverride import CrashOverride, RedisCoordination
 from tests.fleet_support import FLEET_KEY, close_fleet, private_redis, silent_redis
-from tests.helpers import done_step, exec_step, scripted
+from tests.helpers import done_step, exec_step, scripted, wait_for
 
 FIX = "replace_function(transform, 'def transform(value):\\n    return value * 10\\n')\nrerun()"
 
@@ -112,7 +112,7 @@ def test_the_connection_attempt_goes_on_in_the_background_and_is_closed_with_the
         assert len(events(logs, "coordination.degraded")) == 2
         assert server.accepted == 1  # one connection attempt, shared
         close_fleet(co)
-        _until(lambda: server.open_connections == 0)  # its socket closed: nothing leaks
+        wait_for(lambda: server.open_connections == 0)  # its socket closed: nothing leaks
 
 
 def test_a_connection_that_opens_late_serves_the_next_recovery() -> None:
@@ -132,7 +132,7 @@ def test_a_connection_that_opens_late_serves_the_next_recovery() -> None:
                 assert job(1) == 10  # ...costs this recovery one op_timeout: in-process
         finally:
             proc.send_signal(signal.SIGCONT)  # ...and answers again before the attempt gives up
-        _until(lambda: _clients(url) == 1)  # the attempt connected, in the background
+        wait_for(lambda: _clients(url) == 1)  # the attempt connected, in the background
         transform.__code__ = ORIGINAL
         with capture_logs() as later:
             assert job(2) == 20
@@ -151,12 +151,3 @@ def _clients(url: str) -> int:
         return len(client.client_list()) - 1
     finally:
         client.close()
-
-
-def _until(condition: Any, limit: float = 10.0) -> None:
-    import time
-
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.01)

@@ -39,6 +39,7 @@ import pytest
 from crashoverride import CrashOverride
 from crashoverride._settings import FIELDS, HANDLER
 from crashoverride.testing import MockServer, Script, done, exec_python
+from tests.helpers import await_for
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "RESULTS.md"
@@ -309,14 +310,8 @@ def _signup(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch, _: Path) -> Ite
                                              method="POST")  # fmt: skip
             with urllib.request.urlopen(request, timeout=60) as answer:
                 assert json.loads(answer.read()) == {"queued": "a@example.com"}
-            anyio.run(_until, lambda: len(sent) == 2)
+            anyio.run(await_for, lambda: len(sent) == 2, 60)
     assert sent == ["welcome a@example.com", "counted a@example.com"]
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    with anyio.fail_after(60):
-        while not condition():  # noqa: ASYNC110 (the condition is another thread's doing)
-            await anyio.sleep(0.05)
 
 
 @setup("fleet")

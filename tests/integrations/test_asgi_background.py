@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -19,6 +17,7 @@ from starlette.background import BackgroundTask, BackgroundTasks
 
 from crashoverride import ConfigurationError, CrashOverride, RecoveryReport
 from integrations._asgi_after import BackgroundRecovery, locate, task_names
+from tests.helpers import wait_for
 from tests.integrations import background_apps
 from tests.integrations.asgi_support import (
     done_step,
@@ -58,13 +57,6 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> background_apps.Probe:
 
 def recovery_events(logs: list[dict[str, Any]]) -> list[str]:
     return [e["event"] for e in logs if e["event"].startswith("recovery.")]
-
-
-def wait_for(condition: Callable[[], Any], seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 def server_errors(caplog: pytest.LogCaptureFixture) -> list[BaseException]:

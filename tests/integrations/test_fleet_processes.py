@@ -22,6 +22,7 @@ import anyio
 import httpx
 
 from tests.fleet_support import clean, fleet_redis, free_port, new_namespace
+from tests.helpers import wait_for
 from tests.integrations.fleet_procs import agent_runs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,10 +41,8 @@ class Mock:
         self.requests: list[Any] = []
 
     def wait_served(self, count: int) -> None:
-        deadline = time.monotonic() + 30
-        while f'{{"served": {count}}}\n' not in self.lines:
-            assert time.monotonic() < deadline, f"the model was not asked {count} time(s)"
-            time.sleep(0.01)
+        served = f'{{"served": {count}}}\n'
+        wait_for(lambda: served in self.lines, 30, f"the model being asked {count} time(s)")
 
     def close(self) -> None:
         if self.proc.poll() is None:

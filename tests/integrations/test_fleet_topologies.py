@@ -23,7 +23,7 @@ from tests.fleet_support import (
     leader_then_others,
     new_namespace,
 )
-from tests.helpers import done_step, exec_step, give_up_step, scripted
+from tests.helpers import await_for, done_step, exec_step, give_up_step, scripted
 from tests.integrations.topology_servers import redis_cluster, redis_sentinel, redis_tls
 
 PATCH = (
@@ -116,12 +116,6 @@ def async_job(co: CrashOverride) -> Any:
 
 def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [entry for entry in logs if entry["event"] == name]
-
-
-async def _until(condition: Callable[[], Any]) -> None:
-    with anyio.fail_after(20):
-        while not condition():  # noqa: ASYNC110 (polled: conditions change in other threads)
-            await anyio.sleep(0.01)
 
 
 @pytest.mark.anyio
@@ -280,13 +274,13 @@ async def test_eager_processes_get_a_fix_live_and_a_later_one_catches_up(
     try:
         with capture_logs() as logs:
             await eager.awarm_up()  # listens from now on
-            await _until(lambda: _listening(deployment, namespace))
+            await await_for(lambda: _listening(deployment, namespace))
             await anyio.to_thread.run_sync(_publish_elsewhere, deployment, namespace)
-            await _until(lambda: events(logs, "fleet.fix_applied"))  # live, from the channel
+            await await_for(lambda: events(logs, "fleet.fix_applied"))  # live, from the channel
             assert transform(2) == 14  # it never failed here
             transform.__code__ = ORIGINAL
             await late.awarm_up()  # a process started later
-            await _until(lambda: len(events(logs, "fleet.fix_applied")) == 2)  # from the index
+            await await_for(lambda: len(events(logs, "fleet.fix_applied")) == 2)  # from the index
     finally:
         close_fleet(eager, late)  # their listeners stop
     assert transform(3) == 21
