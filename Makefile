@@ -37,11 +37,11 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/python -m crashoverride demo
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check crashoverride integrations tests benchmarks examples
-	$(VENV)/bin/ruff format --check crashoverride integrations tests benchmarks examples
-	$(VENV)/bin/mypy --strict crashoverride integrations
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/mypy --strict src/crashoverride
 
-# tests/test_show.py renders the HTML report in a real headless browser: Chromium from the
+# tests/cli/test_show.py renders the HTML report in a real headless browser: Chromium from the
 # distribution's packages, installed here when it is missing and we may (root, apt-get).
 browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
@@ -49,8 +49,8 @@ browser:
 	    echo "== installing chromium (apt-get)"; \
 	    apt-get install -y -q chromium >/dev/null 2>&1 || \
 	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } || \
-	    echo "!! chromium could not be installed: tests/test_show.py will fail"; \
-	  else echo "!! no chromium (apt-get install chromium): tests/test_show.py will fail"; fi; }
+	    echo "!! chromium could not be installed: tests/cli/test_show.py will fail"; \
+	  else echo "!! no chromium (apt-get install chromium): tests/cli/test_show.py will fail"; fi; }
 
 test: lint browser
 	@test -n "$(PYTHONS)" || { echo "no Python 3.11+ found"; exit 1; }

@@ -41,9 +41,8 @@ def _app(protected: bool) -> Any:
 
     app = Starlette(routes=[Route("/json", hello)])
     if protected:
-        from crashoverride.integrations.asgi import CrashOverrideMiddleware
-
         from crashoverride import CrashOverride
+        from crashoverride.integrations.asgi import CrashOverrideMiddleware
 
         app.add_middleware(
             CrashOverrideMiddleware, crash_override=CrashOverride(), prompt="Answer truthfully."

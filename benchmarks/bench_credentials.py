@@ -29,7 +29,8 @@ from crashoverride import CrashOverride
 
 co = CrashOverride()
 if sys.argv[1:] == ["loaded"]:
-    import crashoverride._entry, crashoverride._pipeline  # the recovery machinery, imported
+    # the recovery machinery, imported
+    import crashoverride._core.entry, crashoverride._core.pipeline
 began = time.perf_counter()
 try:
     with co.handler():

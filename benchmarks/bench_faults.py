@@ -2,7 +2,7 @@
 
 Wire faults come from ``MockServer`` (real openai client and HTTP on loopback); the others from
 scripted agents. Each row: value = seconds from the failure to the re-raise; note = the outcome
-and the note the exception carried. The same faults are asserted in ``tests/test_faults*.py``.
+and the note the exception carried. The same faults are asserted in ``tests/core/test_faults*.py``.
 """
 
 from __future__ import annotations

@@ -57,12 +57,12 @@ def _mock(scenario: str) -> None:
 
 
 def _app(scenario: str, model_url: str, timeout: float, burst: int) -> Any:
-    from crashoverride.integrations.asgi import CrashOverrideMiddleware
     from starlette.applications import Starlette
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
 
     from crashoverride import CrashOverride
+    from crashoverride.integrations.asgi import CrashOverrideMiddleware
 
     async def health(_: Any) -> PlainTextResponse:
         return PlainTextResponse("ok")

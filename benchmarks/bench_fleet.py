@@ -204,7 +204,7 @@ def _fallback_ms(count: int) -> float:
 def _silent_first_ms(samples: int) -> float:
     """A first recovery (and so a first connection), with a Redis that never answers."""
     from crashoverride import CrashOverride, RedisCoordination
-    from tests.fleet_support import close_fleet, silent_redis
+    from tests.fleet.support import close_fleet, silent_redis
     from tests.helpers import give_up_step, scripted
 
     (fail,) = _distinct_failures(1)

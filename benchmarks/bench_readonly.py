@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks._common import Row, row
-from crashoverride import _snapshot
-from crashoverride._namespace import Workspace
+from crashoverride._agent.namespace import Workspace
+from crashoverride._diagnose import snapshot as _snapshot
 
 EXPRESSION = "sorted(orders, key=len)[:3]"
 HEAP_MB = 512

@@ -41,7 +41,7 @@ def _frame_locals() -> dict[str, Any]:
 
 
 def _prompt() -> str:
-    from crashoverride._text import format_traceback, summarize_locals
+    from crashoverride._security.text import format_traceback, summarize_locals
 
     try:
         json.loads("{" + "x" * 50)
@@ -62,9 +62,9 @@ def _median_ms(fn: Any, repeats: int = 15) -> float:
 
 
 def _recovery_cost(detect: bool) -> float:
-    from crashoverride import _redact
-    from crashoverride._masking import secret_values
-    from crashoverride._secrets import is_secret_name
+    from crashoverride._security import redact as _redact
+    from crashoverride._security.masking import secret_values
+    from crashoverride._security.secrets import is_secret_name
 
     prompt = _prompt()
     result = repr(_frame_locals())[:4_000]
@@ -153,15 +153,15 @@ def _identifiers(count: int = 1_000) -> list[str]:
 
 
 def _rate(values: list[str]) -> tuple[float, int]:
-    from crashoverride._secrets import spans
+    from crashoverride._security.secrets import spans
 
     flagged = sum(1 for value in values if next(spans(value), None) is not None)
     return (flagged / len(values) if values else 0.0), len(values)
 
 
 def run() -> list[Row]:
-    from crashoverride._redact import MASK, Redactor
-    from crashoverride._secrets import mask
+    from crashoverride._security.redact import MASK, Redactor
+    from crashoverride._security.secrets import mask
 
     rows: list[Row] = []
     prompt = _prompt()
@@ -216,7 +216,7 @@ def run() -> list[Row]:
 
 def flagged_examples(limit: int = 20) -> list[str]:
     """The ordinary source lines the detector flags (for tuning; ``python -c``)."""
-    from crashoverride._secrets import spans
+    from crashoverride._security.secrets import spans
 
     hits = [line for line in _source_lines() if next(spans(line), None) is not None]
     return [re.sub(r"\s+", " ", line)[:160] for line in hits[:limit]]

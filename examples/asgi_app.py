@@ -19,13 +19,13 @@ from typing import Any
 
 import httpx
 import uvicorn
-from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from crashoverride import CrashOverride, RecoveryReport
+from crashoverride.integrations.asgi import CrashOverrideMiddleware
 
 INVENTORY = {"widget": {"qty": 4}, "gadget": {"qty": 0}}
 

@@ -21,9 +21,9 @@ import tempfile
 from typing import Any
 
 from agents.testing import ScriptedModel, assistant_message, function_call
-from crashoverride.integrations.asyncio import TaskGroupRunner, task
 
 from crashoverride import CrashOverride
+from crashoverride.integrations.asyncio import TaskGroupRunner, task
 
 URLS = [f"https://news.example/a/{n}" for n in range(1, 11)]
 PATCH_DIR = tempfile.mkdtemp(prefix="scraper-fixes-")

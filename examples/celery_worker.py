@@ -21,9 +21,9 @@ from typing import Any
 from agents.testing import ScriptedModel, assistant_message, function_call
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
-from crashoverride.integrations.celery import FOLLOWUP_QUEUE, CrashOverrideTask, install
 
 from crashoverride import CrashOverride
+from crashoverride.integrations.celery import FOLLOWUP_QUEUE, CrashOverrideTask, install
 
 TICKETS: list[str] = []
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import httpx
 import uvicorn
-from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from fastapi import FastAPI
 
 from crashoverride import CrashOverride
+from crashoverride.integrations.asgi import CrashOverrideMiddleware
 
 RATE_CACHE = {"EUR": 0.92, "GBP": 0.79}
 

@@ -35,7 +35,7 @@ def scripted(*steps: list[Any]) -> ScriptedModel:
     return ScriptedModel(list(steps))
 
 
-# A result fenced as untrusted data (``crashoverride._prompt.Fence``): the data inside it.
+# A result fenced as untrusted data (``crashoverride._agent.prompt.Fence``): the data inside it.
 _FENCED = re.compile(
     r'<untrusted-data id="(?P<id>[0-9a-f]+)" source="[^"]*">\n(?P<data>.*)\n'
     r'</untrusted-data id="(?P=id)">',

@@ -102,9 +102,8 @@ def _patch(cls: type) -> None:
 
 
 def _warm_up() -> None:
-    import crashoverride.integrations
-
     import crashoverride
+    import crashoverride.integrations
 
     for package in (crashoverride, crashoverride.integrations):
         for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
@@ -135,9 +134,9 @@ def _crashoverride_setup() -> None:
     # suites' blocking-call detector would rightly report if it happened on the loop. One
     # instance for the whole process, as in production; the breaker is disabled so that every
     # failure of the suites really goes through a recovery.
-    import crashoverride.integrations.asgi  # noqa: F401
     import structlog
 
+    import crashoverride.integrations.asgi  # noqa: F401
     from crashoverride import CrashOverride
 
     _CRASH_OVERRIDE = CrashOverride(

@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from fastapi import FastAPI
 from fastapi import Request as FastAPIRequest
 from starlette.applications import Starlette
@@ -23,6 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
+
+from crashoverride.integrations.asgi import CrashOverrideMiddleware
 
 PRICES: dict[str, dict[str, int]] = {"apple": {"cost": 3}, "pear": {"cost": 5}}
 

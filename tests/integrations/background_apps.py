@@ -12,7 +12,6 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from fastapi import BackgroundTasks, FastAPI
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
@@ -21,6 +20,8 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from crashoverride.integrations.asgi import CrashOverrideMiddleware
 
 CONFIG = {"mail_host": "smtp.example.test"}
 QUOTAS = {"per_day": 3}

@@ -77,11 +77,12 @@ def _wall_clock(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
 
 def create_app() -> Any:
     """``uvicorn --factory tests.integrations.fleet_procs:create_app``."""
-    from crashoverride.integrations.asgi import CrashOverrideMiddleware
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, PlainTextResponse
     from starlette.routing import Route
+
+    from crashoverride.integrations.asgi import CrashOverrideMiddleware
 
     _quiet_structlog(sys.stdout if os.environ.get("FLEET_LOG") else None)
 
@@ -105,6 +106,7 @@ def create_app() -> Any:
 
 def celery_app() -> Any:
     from celery import Celery
+
     from crashoverride.integrations.celery import CrashOverrideTask, install
 
     url = os.environ["FLEET_BROKER_URL"]

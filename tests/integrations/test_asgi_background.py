@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
-from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from starlette.background import BackgroundTask, BackgroundTasks
 
 from crashoverride import ConfigurationError, CrashOverride, RecoveryReport
-from integrations._asgi_after import BackgroundRecovery, locate, task_names
+from crashoverride.integrations.asgi import CrashOverrideMiddleware
+from crashoverride.integrations.asgi._after import BackgroundRecovery, locate, task_names
 from tests.helpers import wait_for
 from tests.integrations import background_apps
 from tests.integrations.asgi_support import (

@@ -12,11 +12,11 @@ import anyio
 import anyio.lowlevel
 import httpx
 import pytest
-from crashoverride.integrations.asgi import CrashOverrideMiddleware
 
 from crashoverride import CrashOverride
-from integrations._asgi_block import settle_body
-from integrations._asgi_exchange import Exchange
+from crashoverride.integrations.asgi import CrashOverrideMiddleware
+from crashoverride.integrations.asgi._block import settle_body
+from crashoverride.integrations.asgi._exchange import Exchange
 from tests.integrations import asgi_apps
 from tests.integrations.asgi_support import done_step, exec_step, give_up_step, scripted, serve
 from tests.integrations.asgi_transparency_support import call, imports_fail_on_the_loop

@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import httpx
-from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -14,6 +13,7 @@ from starlette.routing import Route
 from structlog.testing import capture_logs
 
 from crashoverride import CrashOverride, Redaction
+from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from crashoverride.testing import MockServer, done, eval_python, exec_python
 from tests.integrations.asgi_support import serve
 

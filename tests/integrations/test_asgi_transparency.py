@@ -12,7 +12,6 @@ from typing import Annotated, Any
 import anyio
 import httpx
 import pytest
-from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from fastapi import Depends, FastAPI
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -23,6 +22,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from crashoverride import CrashOverride
+from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from tests.integrations import asgi_apps
 from tests.integrations.asgi_support import exec_step, give_up_step, scripted, serve
 from tests.integrations.asgi_transparency_support import PassThrough, call, ctxvar

@@ -13,12 +13,12 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
-from crashoverride.integrations.asgi import CrashOverrideMiddleware, TaskGroupRunner
 from structlog.testing import capture_logs
 
 from crashoverride import ConfigurationError, CrashOverride
-from integrations._asgi_block import build_response, settle_body
-from integrations._asgi_exchange import Exchange
+from crashoverride.integrations.asgi import CrashOverrideMiddleware, TaskGroupRunner
+from crashoverride.integrations.asgi._block import build_response, settle_body
+from crashoverride.integrations.asgi._exchange import Exchange
 from tests.integrations.asgi_support import done_step, exec_step, scripted, tool_outputs
 
 pytestmark = pytest.mark.anyio

@@ -14,9 +14,9 @@ import time
 
 import httpx
 import pytest
-from crashoverride.integrations.asgi import CrashOverrideMiddleware
 
 from crashoverride import ConfigurationError, CrashOverride
+from crashoverride.integrations.asgi import CrashOverrideMiddleware
 
 SERVER = textwrap.dedent(
     """

@@ -8,9 +8,9 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
-from crashoverride.integrations.asyncio import task
 
 from crashoverride import ConfigurationError, CrashOverride
+from crashoverride.integrations.asyncio import task
 from tests.helpers import done_step, exec_step, give_up_step, scripted
 
 pytestmark = pytest.mark.anyio

@@ -14,10 +14,10 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.exceptions import Ignore, Reject
 from celery.result import AsyncResult
-from crashoverride.integrations.celery import FOLLOWUP_TASK, CrashOverrideTask, install
 from structlog.testing import capture_logs
 
 from crashoverride import CrashOverride
+from crashoverride.integrations.celery import FOLLOWUP_TASK, CrashOverrideTask, install
 from tests.helpers import done_step, exec_step, give_up_step, scripted
 from tests.integrations.celery_support import redis_url
 

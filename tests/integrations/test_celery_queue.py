@@ -23,16 +23,16 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from structlog.testing import capture_logs
+
+from crashoverride import RecoveryReport
+from crashoverride.followups import FollowupJob
 from crashoverride.integrations.celery import (
     CeleryRunner,
     CrashOverrideTask,
     install,
     queue_consumers,
 )
-from structlog.testing import capture_logs
-
-from crashoverride import RecoveryReport
-from crashoverride.followups import FollowupJob
 from tests.integrations.celery_support import redis_url
 
 pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import httpx
 
-from tests.fleet_support import clean, fleet_redis, free_port, new_namespace
+from tests.fleet.support import clean, fleet_redis, free_port, new_namespace
 from tests.helpers import wait_for
 from tests.integrations.fleet_procs import agent_runs
 

@@ -16,7 +16,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from crashoverride import CrashOverride, RedisCoordination
-from tests.fleet_support import (
+from tests.fleet.support import (
     FLEET_KEY,
     assert_skipped_for_budget,
     close_fleet,
@@ -195,7 +195,7 @@ def test_a_fix_reaches_a_later_process_unless_tampered_with(
 
 
 def _fix_key(co: CrashOverride) -> str:
-    from crashoverride._recovery import fingerprint
+    from crashoverride._core.recovery import fingerprint
 
     try:
         transform(0)
@@ -229,7 +229,7 @@ def test_the_fleet_budget_holds_across_processes(deployment: Deployment) -> None
 def test_the_cluster_spreads_the_fleet_over_its_masters(cluster: Deployment) -> None:
     """The test cluster is a real one (three masters sharing the slots), and one fingerprint's
     keys share a slot while different fingerprints' keys land on different ones."""
-    from crashoverride._fleet_scripts import keys_for
+    from crashoverride._fleet.scripts import keys_for
 
     client = cluster.make_sync()
     try:
@@ -292,25 +292,26 @@ def _publish_elsewhere(deployment: Deployment, namespace: str) -> None:
     fix would be applied here already), through the deployment's own async client."""
     import asyncio
 
-    from crashoverride import _fixrecords
-    from crashoverride._fleet_eager import announce
-    from crashoverride._fleet_link import _aclose
-    from crashoverride._fleet_scripts import keys_for
+    from crashoverride._fleet import records
+    from crashoverride._fleet.eager import announce
+    from crashoverride._fleet.link import _aclose
+    from crashoverride._fleet.scripts import keys_for
+    from crashoverride._repair import journal
 
     source = "def transform(value):\n    return value * 7\n"
     new: dict[str, Any] = {}
     exec(compile(source, "<elsewhere>", "exec"), {}, new)
     target = {"module": __name__, "qualname": "transform", "source": source,
-              "code_hash": _fixrecords.digest(ORIGINAL),
-              "new_hash": _fixrecords.digest(new["transform"].__code__)}  # fmt: skip
-    record = _fixrecords.make(fingerprint="elsewhere", targets=[target],
+              "code_hash": journal.digest(ORIGINAL),
+              "new_hash": journal.digest(new["transform"].__code__)}  # fmt: skip
+    record = records.make(fingerprint="elsewhere", targets=[target],
                               recovery_id="rec_elsewhere01", approved_by="a test")  # fmt: skip
     fix_key = keys_for(namespace, "elsewhere")["fix"]
 
     async def store() -> None:
         client = deployment.make()
         try:
-            await client.set(fix_key, _fixrecords.sign(record, FLEET_KEY.encode()))
+            await client.set(fix_key, records.sign(record, FLEET_KEY.encode()))
             await announce(client, deployment.coordination(namespace), fix_key)
         finally:
             await _aclose(client)  # the Sentinel's connections too
@@ -322,7 +323,7 @@ def _listening(deployment: Deployment, namespace: str) -> bool:
     """Whether someone subscribed to the namespace's fix channel (on any node of a Cluster)."""
     import redis
 
-    from crashoverride._fleet_eager import index_key
+    from crashoverride._fleet.eager import index_key
 
     client = deployment.make_sync()
     try:

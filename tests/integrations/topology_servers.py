@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.fleet_support import free_port
+from tests.fleet.support import free_port
 
 READY_WITHIN = 30.0  # seconds; generous: a loaded 2-core machine starts processes slowly
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import httpx
-from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from crashoverride import CrashOverride
+from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from crashoverride.testing import done, script
 from crashoverride.testing.asgi import patch, replay_request, respond
 from crashoverride.testing.tasks import rerun, set_result

@@ -1,0 +1,5 @@
+"""``python -m crashoverride``: the same as the ``crashoverride`` command."""
+
+from crashoverride._cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""``RedisCoordination``: the fleet backend's configuration, validated at construction.
+
+Only a description: nothing connects, and ``redis`` is not imported, until a protected block
+fails (see ``_fleet``). The happy path never talks to Redis.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Final
+
+from crashoverride._errors import ConfigurationError
+
+APPLY_FIXES: Final = ("on-failure", "eager", "never")
+_SCHEMES: Final = ("redis", "rediss", "unix")
+
+
+def _url(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigurationError("url", f"expected a str, got {type(value).__name__}")
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        valid = parts.scheme in _SCHEMES and (bool(parts.hostname) or parts.scheme == "unix")
+        valid = valid and parts.port != 0  # ``port`` raises ValueError when out of range
+    except ValueError:
+        valid = False
+    if not valid or any(char.isspace() for char in value):
+        shown = "a URL with credentials" if "@" in value else repr(value[:80])
+        raise ConfigurationError(
+            "url", f"expected a redis://, rediss:// or unix:// URL with a host, got {shown}"
+        )
+    return value
+
+
+def _number(name: str, value: object, *, upper: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(name, f"expected a number, got {type(value).__name__}")
+    if not 0 < value <= upper or math.isnan(value):
+        raise ConfigurationError(name, f"must be greater than 0 and at most {upper:g}")
+    return float(value)
+
+
+class RedisCoordination:
+    """Coordinate recoveries across processes (a fleet) through Redis.
+
+    Pass it as ``CrashOverride(coordination=RedisCoordination(...))``. Then (with
+    ``single_flight=True``, the default) one failure fingerprint runs at most one agent
+    fleet-wide at a time; the other processes wait for its
+    outcome and replay their unit; a recovery that changed code publishes a signed fix record
+    the others apply before replaying (see README, "Running a fleet").
+
+    Args:
+        url: ``redis://``, ``rediss://`` (TLS; e.g. ``?ssl_ca_certs=/path/ca.pem``) or
+            ``unix://`` URL, read by redis-py.
+        namespace: Prefix of every key and channel: one per application (and deployment).
+        key: The fleet key (str or bytes, at least 16 bytes) that signs and verifies fix
+            records (HMAC-SHA256). Required unless ``apply_fixes="never"``.
+        apply_fixes: ``"on-failure"`` (when the fixed failure happens here: apply the fix and
+            replay, no model call), ``"eager"`` (also apply records as they are published)
+            or ``"never"`` (records are neither published nor applied).
+        lease: Seconds a leader's lease lasts without renewal: a dead leader is replaced after
+            at most this (plus one second).
+        op_timeout: Seconds a recovery waits for Redis at any step, the process's first
+            connection included (TCP, TLS, AUTH); then it goes on in this process alone
+            (``coordination.degraded``). A connection attempt that takes longer goes on in the
+            background (up to five times as long) for later recoveries to use.
+        retry_after: Seconds before a degraded process tries Redis again.
+        max_agent_runs_per_minute: A fleet-wide ceiling on agent runs (cost control); None:
+            no ceiling.
+        record_ttl: Seconds fix records are kept for processes that start later.
+        client_factory: Builds the ``redis.asyncio`` client instead of ``from_url``: a Cluster
+            (``redis.asyncio.RedisCluster.from_url(...)``), a Sentinel-managed master
+            (``redis.asyncio.sentinel.Sentinel([...]).master_for(name)``; the Sentinel's own
+            connections are closed with the client), custom TLS. Called on coordination's own
+            thread for each connection attempt (once per process while Redis answers).
+
+    Raises:
+        ConfigurationError: An argument is invalid; the error names it.
+    """
+
+    __slots__ = (
+        "apply_fixes", "client_factory", "key", "lease", "max_agent_runs_per_minute",
+        "namespace", "op_timeout", "record_ttl", "retry_after", "url",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        namespace: str = "crashoverride",
+        key: str | bytes | None = None,
+        apply_fixes: str = "on-failure",
+        lease: float = 5.0,
+        op_timeout: float = 0.1,
+        retry_after: float = 5.0,
+        max_agent_runs_per_minute: int | None = None,
+        record_ttl: float = 7 * 86_400,
+        client_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        self.url = _url(url)
+        if client_factory is not None and not callable(client_factory):
+            raise ConfigurationError("client_factory", "expected a callable or None")
+        if (self.url is None) == (client_factory is None):
+            raise ConfigurationError("url", "pass exactly one of url and client_factory")
+        self.client_factory = client_factory
+        if not isinstance(namespace, str) or not namespace.strip():
+            raise ConfigurationError("namespace", "must be a non-empty str")
+        if any(char in namespace for char in "{}") or any(c.isspace() for c in namespace):
+            raise ConfigurationError("namespace", "must not contain braces or whitespace")
+        self.namespace = namespace
+        if apply_fixes not in APPLY_FIXES:
+            expected = ", ".join(map(repr, APPLY_FIXES))
+            raise ConfigurationError("apply_fixes", f"expected one of {expected}")
+        self.apply_fixes = apply_fixes
+        self.key = _key(key, apply_fixes)
+        self.lease = _number("lease", lease, upper=3_600)
+        self.op_timeout = _number("op_timeout", op_timeout, upper=60)
+        self.retry_after = _number("retry_after", retry_after, upper=3_600)
+        budget = max_agent_runs_per_minute
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)):
+            raise ConfigurationError("max_agent_runs_per_minute", "expected an int or None")
+        if budget is not None and budget < 1:
+            raise ConfigurationError("max_agent_runs_per_minute", "must be at least 1")
+        self.max_agent_runs_per_minute = budget
+        self.record_ttl = _number("record_ttl", record_ttl, upper=365 * 86_400)
+
+    def __repr__(self) -> str:
+        where = "client_factory" if self.url is None else "url=<hidden>"
+        return f"RedisCoordination({where}, namespace={self.namespace!r})"
+
+
+def _key(key: object, apply_fixes: str) -> bytes | None:
+    if key is None:
+        if apply_fixes != "never":
+            raise ConfigurationError(
+                "key",
+                "fix propagation needs a fleet key: unsigned code distributed through Redis would "
+                "let anyone who can write to Redis run code in every process. Pass key=... (at "
+                'least 16 bytes, the same in every process) or apply_fixes="never"',
+            )
+        return None
+    if isinstance(key, str):
+        key = key.encode()
+    if not isinstance(key, bytes):
+        raise ConfigurationError("key", f"expected str or bytes, got {type(key).__name__}")
+    if len(key) < 16:
+        raise ConfigurationError("key", "must be at least 16 bytes")
+    return key

@@ -1,0 +1,415 @@
+"""Immutable recovery settings: application defaults plus per-handler overrides.
+
+Each setting is spelled once, as a row of the table in the body of :class:`Settings`; both
+construction paths are driven by it, and ``CrashOverride``'s typed signatures are tested against it.
+Everything is validated eagerly so bad input fails at construction, never at failure time.
+This module is on the import path of ``crashoverride``: it must stay free of heavy imports.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar, overload
+
+from crashoverride._errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from crashoverride._config.coordination import RedisCoordination
+    from crashoverride._security.redact import Redaction
+
+_T = TypeVar("_T")
+
+# Exceptions that are control flow, not failures: a recovery must never swallow them.
+_NEVER_CATCH_NAMES: Final = frozenset(
+    {"KeyboardInterrupt", "SystemExit", "GeneratorExit", "CancelledError", "Cancelled"}
+)
+
+
+class _Unset:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final[Any] = _Unset()
+
+# -- checks: ``check(name, value) -> normalised value``, raising ConfigurationError(name, ...) ----
+
+
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ConfigurationError(name, f"expected a str, got {type(value).__name__}")
+    return value
+
+
+def _optional_text(name: str, value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ConfigurationError(name, f"expected a str or None, got {type(value).__name__}")
+    return value
+
+
+def _seconds(name: str, value: object, *, zero_ok: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(name, f"expected a number, got {type(value).__name__}")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond float range: as unusable as infinity
+        seconds = math.inf
+    # Infinity or NaN would silently disable a budget (``fail_after(nan)`` never fires).
+    if not math.isfinite(seconds):
+        raise ConfigurationError(name, f"must be a finite number of seconds, got {value!r:.40}")
+    if seconds < 0 or (seconds == 0 and not zero_ok):
+        bound = "at least 0" if zero_ok else "greater than 0"
+        raise ConfigurationError(name, f"must be {bound}, got {value!r}")
+    return seconds
+
+
+_positive: Final = _seconds
+_non_negative: Final = functools.partial(_seconds, zero_ok=True)
+
+
+def _count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(name, f"expected an int, got {type(value).__name__}")
+    if value < 1:
+        raise ConfigurationError(name, f"must be at least 1, got {value!r}")
+    return value
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigurationError(name, f"expected a bool, got {type(value).__name__}")
+    return value
+
+
+def _hook(name: str, value: object) -> Callable[..., Any] | None:
+    if value is not None and not callable(value):
+        raise ConfigurationError(name, f"expected a callable or None, got {type(value).__name__}")
+    return value
+
+
+def _choice(*choices: str) -> Callable[[str, object], str]:
+    def check(name: str, value: object) -> str:
+        if not isinstance(value, str) or value not in choices:
+            expected = ", ".join(map(repr, choices))
+            raise ConfigurationError(name, f"expected one of {expected}, got {value!r}")
+        return value
+
+    return check
+
+
+def _http_url(name: str, value: object) -> str | None:
+    text = _optional_text(name, value)
+    if text is None:
+        return None
+    # Imported here: ``base_url`` is rarely set and ``import crashoverride`` must stay light.
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        # ``port`` raises ValueError for a port out of range or not a number.
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:
+        valid = False
+    if not valid or any(char.isspace() for char in text):
+        # A rejected URL may still carry a password: never echo one with credentials.
+        shown = "a URL with credentials" if "@" in text else repr(text[:80])
+        raise ConfigurationError(name, f"expected an http(s) URL with a host, got {shown}")
+    return text
+
+
+def _catch(name: str, value: object) -> tuple[type[Exception], ...]:
+    # A non-empty tuple of ``Exception`` subclasses: one class or a list is normalised to it.
+    items = value if isinstance(value, tuple | list) else (value,)
+    if not items:
+        raise ConfigurationError(name, "must name at least one exception class")
+    result: list[type[Exception]] = []
+    for item in items:
+        if not isinstance(item, type) or not issubclass(item, BaseException):
+            raise ConfigurationError(
+                name, f"expected exception classes, got {item!r} ({type(item).__name__})"
+            )
+        if item.__name__ in _NEVER_CATCH_NAMES or not issubclass(item, Exception):
+            raise ConfigurationError(
+                name,
+                f"{item.__name__} is control flow (interrupts, exits, cancellation) and is never "
+                "caught; use Exception or a subclass of it",
+            )
+        result.append(item)
+    return tuple(result)
+
+
+def _model(name: str, value: object) -> object:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not value.strip():
+            raise ConfigurationError(name, "must be a non-empty model name")
+        return value
+    # An Agents SDK ``Model`` instance; checked by shape so this module never imports the SDK.
+    if all(callable(getattr(value, m, None)) for m in ("get_response", "stream_response")):
+        return value
+    raise ConfigurationError(
+        name,
+        f"expected a model name (str), an Agents SDK Model or None, got {type(value).__name__}",
+    )
+
+
+def _tools(name: str, value: object, *, servers: bool = False) -> tuple[Any, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise ConfigurationError(name, f"expected a tuple or list, got {type(value).__name__}")
+    for item in value:
+        # Plain callables become function tools; SDK tool objects carry a ``name``.
+        if not (
+            callable(getattr(item, "list_tools", None))
+            if servers
+            else callable(item) or isinstance(getattr(item, "name", None), str)
+        ):
+            what = "Agents SDK MCP servers" if servers else "callables or Agents SDK tools"
+            raise ConfigurationError(name, f"expected {what}, got {type(item).__name__}")
+    return tuple(value)
+
+
+_servers: Final = functools.partial(_tools, servers=True)
+
+
+def _followups(name: str, value: object) -> tuple[str, ...]:
+    # One objective (a str) or a sequence of non-empty ones.
+    items = (value,) if isinstance(value, str) else value
+    if not isinstance(items, Sequence) or not all(
+        isinstance(item, str) and item.strip() for item in items
+    ):
+        raise ConfigurationError(name, "expected a str or a sequence of non-empty str objectives")
+    return tuple(item.strip() for item in items)
+
+
+def _runner(name: str, value: object) -> object:
+    # A followups.FollowupRunner or JobRunner, checked by shape to keep this module light.
+    if value is not None and not any(
+        callable(getattr(value, method, None)) for method in ("submit", "submit_job")
+    ):
+        raise ConfigurationError(name, f"expected a follow-up runner, got {type(value).__name__}")
+    return value
+
+
+def _redaction(name: str, value: object) -> Redaction | None:
+    if value is None:
+        return None
+    from crashoverride._security.redact import Redaction
+
+    if not isinstance(value, Redaction):
+        raise ConfigurationError(name, f"expected a Redaction or None, got {type(value).__name__}")
+    return value
+
+
+def _coordination(name: str, value: object) -> RedisCoordination | None:
+    # None (this process alone) or a ``RedisCoordination``, validated when it was built.
+    if value is None:
+        return None
+    from crashoverride._config.coordination import RedisCoordination
+
+    if not isinstance(value, RedisCoordination):
+        raise ConfigurationError(
+            name, f"expected None or a RedisCoordination, got {type(value).__name__}"
+        )
+    return value
+
+
+# -- merge rules: how a handler's value combines with the application's ----------------------
+
+
+def override(app: Any, handler: Any) -> Any:
+    """The handler's value replaces the application's."""
+    return handler
+
+
+def union(app: tuple[Any, ...], handler: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Added to the application's, skipping items already present.
+
+    By identity, not equality: tools and servers may be unhashable, or equal yet distinct.
+    """
+    known = {id(item) for item in app}
+    added = {id(item): item for item in handler if id(item) not in known}  # keeps order
+    return app + tuple(added.values())
+
+
+def union_distinct(app: tuple[str, ...], handler: tuple[str, ...]) -> tuple[str, ...]:
+    """Added to the application's, skipping equal items (objectives are plain strings)."""
+    return tuple(dict.fromkeys(app + handler))
+
+
+Scope = Literal["app", "handler", "both"]
+APP: Final = "app"
+HANDLER: Final = "handler"
+BOTH: Final = "both"
+
+
+class Field(Generic[_T]):
+    """One setting, named by the ``Settings`` attribute it is assigned to.
+
+    A non-data descriptor: a ``Settings`` instance keeps its values in its ``__dict__``, which
+    shadows the field (reading a setting is a plain attribute lookup); type checkers see the
+    type its check returns.
+
+    Args:
+        default: What the ``CrashOverride`` argument is when omitted (before the check).
+        check: ``check(argument_name, value)``: the normalised value, or ConfigurationError.
+        scope: ``APP``, ``HANDLER`` or ``BOTH`` (set on the application, overridable per handler).
+        doc: One line; ``CrashOverride``'s docstring starts the argument's entry with it.
+        merge: How a handler's checked value combines with the application's.
+        aliases: Other handler argument names for this field (e.g. ``followup``).
+    """
+
+    __slots__ = ("aliases", "check", "checked_default", "default", "doc", "merge", "name", "scope")
+
+    checked_default: _T
+
+    def __init__(
+        self,
+        default: object,
+        check: Callable[[str, object], _T],
+        scope: Scope,
+        doc: str,
+        *,
+        merge: Callable[[Any, Any], Any] = override,
+        aliases: tuple[str, ...] = (),
+    ) -> None:
+        self.default, self.check, self.scope, self.doc = default, check, scope, doc
+        self.merge, self.aliases, self.name = merge, aliases, ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        # Checked once here, so omitted arguments cost nothing per construction.
+        self.checked_default = self.check(name, self.default)
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> Field[_T]: ...
+    @overload
+    def __get__(self, instance: object, owner: type) -> _T: ...
+    def __get__(self, instance: object, owner: type) -> Field[_T] | _T:
+        if instance is None:
+            return self
+        raise AttributeError(self.name)  # only reached for a half-built instance
+
+    @property
+    def handler_default(self) -> object:
+        """What ``co.handler()`` spells for "not given": inherit, or add nothing."""
+        if self.scope == HANDLER:
+            return self.default
+        return UNSET if self.merge is override else ()
+
+
+MODES: Final = ("repair", "diagnose")
+SOURCE_STYLES: Final = ("write", "patch")
+
+
+class Settings:
+    """Everything one recovery needs to know, fully validated. Immutable.
+
+    The class body is the table of settings. Its order is the order of ``CrashOverride``'s
+    arguments (and docstring) and of ``CrashOverride.handler``'s.
+    """
+
+    # fmt: off
+    # name = Field(default, check, scope, doc[, merge=..., aliases=...]); merge: ``override``.
+    # APP: process-wide (admission, hooks); HANDLER: what one block means; BOTH: overridable.
+    project_prompt = Field("", _text, APP, "Facts about the application every recovery knows.")
+    prompt = Field("", _text, HANDLER, "What the protected block must achieve.")
+    model = Field(None, _model, BOTH, "A model name, an Agents SDK ``Model`` instance, or None.")
+    catch = Field(Exception, _catch, BOTH, "Exception class(es) that trigger a recovery.")
+    tools = Field((), _tools, BOTH, "Tools offered to every recovery.", merge=union)
+    mcp_servers = Field((), _servers, BOTH, "MCP servers offered to every recovery.", merge=union)
+    system_prompt = Field(None, _optional_text, BOTH, "Replaces the built-in agent instructions.")
+    openai_client_factory = Field(None, _hook, BOTH, "Builds the ``AsyncOpenAI`` client.")
+    agent_factory = Field(None, _hook, BOTH, "Builds the SDK ``Agent`` from keyword arguments.")
+    api_key = Field(None, _optional_text, BOTH, "API key; default: ``OPENAI_API_KEY``.")
+    base_url = Field(None, _http_url, BOTH, "An OpenAI-compatible http(s) endpoint.")
+    timeout = Field(120.0, _positive, BOTH, "Wall-clock budget of one recovery, in seconds.")
+    max_turns = Field(20, _count, BOTH, "Model turns one recovery may take.")
+    max_concurrent_recoveries = Field(4, _count, APP, "Recoveries running at once in this process.")
+    concurrency_wait = Field(30.0, _non_negative, APP, "Seconds a recovery waits for a free slot.")
+    single_flight = Field(True, _flag, APP, "Concurrent identical failures share one recovery.")
+    breaker_threshold = Field(3, _count, APP,
+                              "Failed recoveries of one fingerprint that open its breaker...")
+    breaker_window = Field(300.0, _positive, APP, "...within this many seconds...")
+    breaker_cooldown = Field(600.0, _non_negative, APP, "...for this many seconds.")
+    tracing = Field(False, _flag, BOTH, "Export SDK traces (tracebacks and locals are sensitive).")
+    on_recovery = Field(None, _hook, APP, "Called with every ``RecoveryReport``.")
+    postcondition = Field(None, _hook, HANDLER, "Judges the block's locals after the agent.")
+    name = Field(None, _optional_text, HANDLER, "The handler's name in events and reports.")
+    followups = Field((), _followups, BOTH, "Objectives run in the background after a recovery.",
+                      merge=union_distinct, aliases=("followup",))
+    followup_runner = Field(None, _runner, BOTH, "Where follow-ups run.")
+    followup_timeout = Field(600.0, _positive, BOTH, "Budget of one follow-up run, in seconds.")
+    mode = Field("repair", _choice(*MODES), BOTH, '``"repair"`` or ``"diagnose"`` (read-only).')
+    approve = Field(None, _hook, BOTH, "Called with every tool call before it runs.")
+    allow_source_changes = Field(False, _flag, BOTH, "Let recoveries persist fixes to sources.")
+    source_changes = Field("write", _choice(*SOURCE_STYLES), BOTH, '``"write"`` or ``"patch"``.')
+    redaction = Field(None, _redaction, APP, "Extra redaction rules on top of the defaults.")
+    coordination = Field(None, _coordination, APP,
+                         "Who recoveries coordinate with: this process (None) or a fleet.")
+    # fmt: on
+
+    def __setattr__(self, key: str, value: object) -> None:
+        raise AttributeError("Settings are immutable")
+
+    def __delattr__(self, key: str) -> None:
+        raise AttributeError("Settings are immutable")
+
+    @classmethod
+    def _from(cls, values: dict[str, Any]) -> Settings:
+        settings = object.__new__(cls)
+        settings.__dict__.update(values)  # bypasses __setattr__: the one place values are set
+        return settings
+
+    @classmethod
+    def for_app(cls, **arguments: object) -> Settings:
+        """Application settings from ``CrashOverride`` arguments; omitted or UNSET: default.
+
+        Raises:
+            ConfigurationError: A value fails its check, or a key is not an application field.
+        """
+        unknown = arguments.keys() - _APP_NAMES
+        if unknown:
+            raise ConfigurationError(min(unknown), "is not a CrashOverride argument")
+        values = {field.name: field.checked_default for field in FIELDS}
+        for key, value in arguments.items():
+            if value is not UNSET:
+                values[key] = getattr(cls, key).check(key, value)
+        return cls._from(values)
+
+    def for_handler(self, overrides: dict[str, Any]) -> Settings:
+        """Derive handler settings: each override is checked and merged by its field's rule.
+
+        Raises:
+            ConfigurationError: A value fails its check, or a key is not a handler argument.
+        """
+        values = dict(self.__dict__)
+        for key, value in overrides.items():
+            if value is UNSET:
+                continue
+            field = _BY_HANDLER_NAME.get(key)
+            if field is None:
+                raise ConfigurationError(key, "is not a handler argument")
+            values[field.name] = field.merge(values[field.name], field.check(key, value))
+        return Settings._from(values)
+
+    @property
+    def model_label(self) -> str:
+        """A printable name for the model, for events and reports."""
+        if self.model is None:
+            return "sdk-default"
+        if isinstance(self.model, str):
+            return self.model
+        return type(self.model).__name__
+
+
+FIELDS: Final = tuple(value for value in vars(Settings).values() if isinstance(value, Field))
+_APP_NAMES: Final = frozenset(field.name for field in FIELDS if field.scope != HANDLER)
+# Handler argument name (field name or alias, e.g. ``followup``) -> its field.
+_BY_HANDLER_NAME: Final = {
+    name: field for field in FIELDS if field.scope != APP for name in (field.name, *field.aliases)
+}

@@ -1,0 +1,92 @@
+"""Where a failure enters the pipeline: begin its record, admit it, hand it to ``_pipeline``.
+
+Admission's first question, whether any model can be reached, is answered here, before the
+run machinery (anyio, the placements, the agent and its tools) is imported: a recovery that
+cannot run must give the user's exception back in milliseconds. Only what that answer needs
+(the record, structlog for its event) is imported with this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog  # noqa: F401  (loaded with this module; async callers load it off the loop)
+
+from crashoverride._admission.credentials import missing_credentials
+from crashoverride._agent.state import AgentRun
+from crashoverride._config.settings import Settings
+from crashoverride._core.block import Block
+from crashoverride._core.recovery import Decision, Recovery, internal_failure
+from crashoverride._core.seen import mark, seen
+from crashoverride._placement.offloop import load
+
+_PIPELINE = "crashoverride._core.pipeline"
+
+
+def admit(rec: Any) -> Any:
+    """Step 1 (credentials): the record's conclusion when no model can be reached, else None.
+
+    ``rec`` is a ``Recovery`` or a follow-up's record; both conclude the same way.
+    """
+    missing = missing_credentials(rec.settings)
+    return None if missing is None else rec.concluded(AgentRun(failure=missing), None)
+
+
+def _start(
+    app: Any, settings: Settings, exc: BaseException, block: Block
+) -> Recovery | Decision | None:
+    """The admitted record; or the ``Decision`` that ends the recovery here; or None (let
+    ``exc`` propagate as it is)."""
+    if seen(exc, app):
+        return None  # already through a recovery of this CrashOverride: let it pass, unchanged
+    mark(exc, app)
+    try:
+        rec = Recovery(settings, app._limits(), exc, block, app._run_followup)
+    except Exception as problem:
+        internal_failure(exc, problem)
+        return None
+    try:
+        refused: Decision | None = admit(rec)
+    except Exception as problem:
+        _broken(rec, exc, problem)
+        return None
+    return rec if refused is None else refused
+
+
+def _broken(rec: Recovery, exc: BaseException, problem: Exception) -> None:
+    internal_failure(exc, problem)
+    rec.abandon()
+
+
+async def recover_async(
+    app: Any, settings: Settings, exc: BaseException, block: Block
+) -> Decision | None:
+    """Recover from async code on any anyio backend. None: let ``exc`` propagate as it is."""
+    rec = _start(app, settings, exc, block)
+    if not isinstance(rec, Recovery):
+        return rec
+    try:
+        await load(_PIPELINE)  # the run machinery, off the loop the first time
+    except Exception as problem:
+        _broken(rec, exc, problem)
+        return None
+    except BaseException:  # cancelled or interrupted meanwhile: one terminal event, re-raised
+        rec.cancelled()
+        rec.abandon()
+        raise
+    from crashoverride._core.pipeline import recover_admitted_async
+
+    return await recover_admitted_async(rec, exc)
+
+
+def recover_sync(app: Any, settings: Settings, exc: BaseException, block: Block) -> Decision | None:
+    """Recover from synchronous code. None: let ``exc`` propagate as it is."""
+    rec = _start(app, settings, exc, block)
+    if not isinstance(rec, Recovery):
+        return rec
+    try:
+        from crashoverride._core.pipeline import recover_admitted_sync
+    except Exception as problem:
+        _broken(rec, exc, problem)
+        return None
+    return recover_admitted_sync(rec, exc)

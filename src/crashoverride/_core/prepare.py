@@ -1,0 +1,105 @@
+"""Step 4 of the pipeline: the agent's namespace, instructions and input for one recovery.
+
+Runs in the owner's thread (the failed frame's thread, with its context variables), so that the
+follow-up runner in effect there is the one follow-ups go to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from crashoverride._agent.namespace import Workspace
+from crashoverride._agent.prompt import Fence, build_input, build_instructions
+from crashoverride._agent.run import AgentJob
+from crashoverride._core.deferred import Editor, Followups
+from crashoverride._diagnose.source import show_source
+from crashoverride._placement.frames import CallerLocals
+from crashoverride._repair.patching import rebind_everywhere, replace_function
+from crashoverride._security.text import summarize_locals
+
+if TYPE_CHECKING:
+    from crashoverride._core.recovery import Recovery
+
+
+# Stands for the fence id while the instructions are redacted: no secret pattern or user text
+# contains a NUL character between words.
+_ID_SLOT = "\x00fence-id\x00"
+
+
+def prepare(rec: Recovery) -> AgentJob:
+    block, exc, state, settings = rec.block, rec.exc, rec.state, rec.settings
+    assert block is not None and exc is not None
+    caller: Any = block.caller
+    if caller is None and block.frame is not None:
+        caller = CallerLocals(block.frame)
+    # Follow-ups the agent asks for are submitted when the recovery concludes.
+    rec.followups = Followups(settings, rec.id, rec.redact, rec.run_followup)
+    rec.editor = Editor(
+        allowed=settings.allow_source_changes,
+        style=settings.source_changes,
+        recovery_id=rec.id,
+        redact=rec.redact,
+        fields=rec.fields,
+    )
+    bindings = {
+        "replace_function": replace_function,
+        "rebind_everywhere": rebind_everywhere,
+        "show_source": show_source,
+        "persist_function": rec.editor.persist_function,
+        "persist_file_edit": rec.editor.persist_file_edit,
+        "error": exc,
+        "give_up": state.give_up,
+        "raise_instead": state.raise_instead,
+        "spawn_followup": rec.followups.spawn,
+        **block.bindings,
+    }
+    if block.returns:
+        bindings["set_result"] = state.set_result
+        bindings["rerun"] = state.request_rerun
+    rec.workspace = Workspace(globals_=block.globals, caller=caller, bindings=bindings)
+    rec.workspace.deadline = rec.deadline.at
+    shown: Mapping[str, Any] = caller if caller is not None else {}
+    location = "unknown"
+    if block.frame is not None:
+        code = block.frame.f_code
+        location = f"{code.co_qualname} in {code.co_filename}:{block.frame.f_lineno}"
+    fence = Fence()  # one per recovery: the instructions name its id
+    redact = rec.redact
+    # The instructions are the same for every recovery of a handler but for the fence's id:
+    # redacted with a stand-in id, their (costly) scan is done once, not per recovery.
+    instructions = redact.constant(
+        build_instructions(
+            settings.system_prompt,
+            settings.project_prompt,
+            settings.prompt,
+            mode=settings.mode,
+            persistence=settings.source_changes if settings.allow_source_changes else None,
+            fence=Fence(_ID_SLOT),
+        )
+    ).replace(_ID_SLOT, fence.id)
+    # Each part is redacted once (the exception and traceback were, by the record).
+    text = build_input(
+        fence=fence,
+        exception=rec.exception_text,
+        traceback_text=rec.traceback_text,
+        locals_summary=redact(summarize_locals(shown, is_secret=redact.is_secret)),
+        block_brief=redact(block.brief),
+        block_data={label: redact(value) for label, value in block.data.items()},
+        location=redact(location),
+    )
+    return AgentJob(
+        settings=settings,
+        instructions=instructions,
+        input_text=text,
+        workspace=rec.workspace,
+        state=state,
+        check=None,  # the pipeline judges the block's evidence itself, after the run
+        deadline=rec.deadline.at,
+        redact=rec.redact,
+        on_tool=rec.on_tool,
+        tools=rec.followups.tools() if settings.mode == "repair" else (),
+        mode=settings.mode,
+        approve=settings.approve,
+        fence=fence,
+    )

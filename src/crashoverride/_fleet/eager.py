@@ -1,0 +1,91 @@
+"""``apply_fixes="eager"``: apply fix records as they are published, and catch up at start.
+
+Every published record is also announced: its key goes into a namespace-wide index (a sorted
+set by time, trimmed to ``record_ttl``) and onto a namespace-wide channel. An eager process
+subscribes to that channel, THEN reads the index (nothing published in between is missed), and
+applies each record by the same rules as on failure: signature, code digests, ``approve=``.
+
+It runs on the fleet's helper loop, from the first failure or ``warm_up()`` of a process on; a
+forked child starts its own. Redis going away only pauses it (``retry_after``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import Any, Final
+
+from crashoverride._config.coordination import RedisCoordination
+from crashoverride._fleet import records
+from crashoverride._fleet.link import Link
+from crashoverride._fleet.scripts import ANNOUNCE, ms
+from crashoverride._observe import events
+from crashoverride._placement.bridge import run_job
+
+_MAX_INDEXED: Final = 1_000  # records a late process catches up on, newest kept
+
+
+def index_key(namespace: str) -> str:
+    return f"co:{namespace}:fixes"
+
+
+async def announce(client: Any, option: RedisCoordination, fix_key: str) -> None:
+    """After a record is stored: index it (bounded by age and count) and announce it."""
+    index = index_key(option.namespace)
+    await client.eval(ANNOUNCE, 1, index, fix_key, ms(option.record_ttl), _MAX_INDEXED)
+
+
+class Eager:
+    """The eager subscriber of one ``CrashOverride`` (one per process)."""
+
+    def __init__(self, link: Link, approve: Callable[..., Any] | None) -> None:
+        self.link = link
+        self.option = link.option
+        self.approve = approve
+        self._pid = 0
+
+    def start(self) -> None:
+        """Start listening in this process, once (cheap to call on every failure)."""
+        if self.option.apply_fixes != "eager" or self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        self.link.background(self._listen)
+
+    async def _listen(self, client: Any) -> None:
+        index = index_key(self.option.namespace)
+        while True:
+            pubsub = client.pubsub()
+            try:
+                await pubsub.subscribe(index)
+                for name in await client.zrange(index, 0, -1):
+                    await self._take(await client.get(name))
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=30)
+                    if message is not None:
+                        await self._take(await client.get(message["data"]))
+            except Exception as problem:  # Redis went away: pause, then subscribe again
+                events.emit("warning", events.COORDINATION_DEGRADED, fleet_role="eager",
+                          reason=f"{type(problem).__name__}: {problem}"[:300],
+                          retry_after=self.option.retry_after)  # fmt: skip
+            finally:
+                try:
+                    async with asyncio.timeout(self.option.op_timeout):
+                        await pubsub.aclose()
+                except Exception:  # a dead connection: nothing left to close cleanly
+                    pass
+            await asyncio.sleep(self.option.retry_after)
+
+    async def _take(self, stored: bytes | None) -> None:
+        key = self.option.key
+        if stored is None or key is None:
+            return
+        try:
+            record, changed = await records.receive(stored, key, self.approve, run_job)
+        except records.Refused as refusal:
+            events.emit("warning", events.FIX_REFUSED, reason=str(refusal), fleet_role="eager")
+            return
+        if changed:
+            events.emit("info", events.FIX_APPLIED, targets=changed, fleet_role="eager",
+                      not_applied=records.not_applied(record),
+                      fix_record=str(record.get("id", "")))  # fmt: skip

@@ -1,0 +1,231 @@
+"""The fleet backend's one connection to Redis, usable from any thread, loop or backend.
+
+A ``redis.asyncio`` client belongs to the event loop it was created on, but recoveries run on
+the application's loops, on trio, and on the fresh loop of each synchronous recovery. So the
+client lives on a loop of its own, in a daemon thread started at the first failure (never on
+the happy path), and every operation is sent there and awaited as a future (``_bridge``),
+which works on asyncio and trio alike and stays cancellable by the recovery's deadline. After a
+``fork`` (Celery prefork, gunicorn) the child starts its own thread and client.
+
+Every operation is bounded by ``op_timeout``, connecting included (a connection attempt that
+takes longer goes on in the background for later recoveries); a failure or time-out raises
+``Unavailable``, upon which the caller falls back to in-process coordination.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from crashoverride._config.coordination import RedisCoordination
+from crashoverride._placement import bridge
+
+T = TypeVar("T")
+Future = concurrent.futures.Future
+# A process's connection attempt may take this many op_timeouts, in the background: the
+# recovery that started it waits one op_timeout at most, then goes on in-process.
+CONNECT_FACTOR = 5
+Operation = Callable[[Any], Awaitable[T]]
+
+
+class Unavailable(Exception):
+    """Redis did not answer (in time): coordinate in this process alone."""
+
+
+_lock = threading.Lock()
+_helper: tuple[int, asyncio.AbstractEventLoop] | None = None  # (pid, loop): one per process
+
+
+def _after_fork() -> None:
+    # The helper thread does not survive a fork, and its lock may have been held when it
+    # happened: the child starts afresh at its first failure.
+    global _helper, _lock
+    _helper, _lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _helper_loop() -> asyncio.AbstractEventLoop:
+    global _helper
+    with _lock:
+        if _helper is None or _helper[0] != os.getpid():  # none yet, or inherited by a fork
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="crashoverride-fleet",
+                                      daemon=True)  # fmt: skip
+            thread.start()
+            _helper = (os.getpid(), loop)
+        return _helper[1]
+
+
+class Link:
+    """One ``RedisCoordination``'s client in this process, on the shared helper loop."""
+
+    def __init__(self, option: RedisCoordination) -> None:
+        self.option = option
+        # [pid, client]: a list so the finalizer can close the client without holding the Link.
+        self._client: list[Any] = [0, None]
+        self._connecting: tuple[int, asyncio.Task[Any]] | None = None  # (pid, attempt)
+        self._background: list[Future[Any]] = []
+        weakref.finalize(self, _close_later, self._client)
+
+    def _attempt(self) -> asyncio.Task[Any] | None:
+        """On the helper loop: the connection attempt in flight (started if none), or None
+        when connected. It is a task of its own, which callers await through a shield: one
+        that stops waiting (its ``op_timeout`` is up) leaves it going, bounded by its own
+        deadline, and a later caller finds its client. Building the client (importing
+        redis-py, the factory) is local work, done here before any caller's bound starts."""
+        pid, client = self._client
+        if client is not None and pid == os.getpid():
+            return None
+        pending = self._connecting
+        if pending is None or pending[0] != os.getpid() or pending[1].done():
+            factory = self.option.client_factory
+            client = factory() if factory is not None else _from_url(self.option)
+            pending = (os.getpid(), asyncio.ensure_future(self._connect(client)))
+            pending[1].add_done_callback(_retrieved)
+            self._connecting = pending
+        return pending[1]
+
+    async def _connected(self, attempt: asyncio.Task[Any] | None) -> Any:
+        return self._client[1] if attempt is None else await asyncio.shield(attempt)
+
+    async def _connect(self, client: Any) -> Any:
+        try:
+            # A first connection (TCP, TLS, AUTH) may take longer than one command: in the
+            # background, while the recovery that started it goes on without Redis. The PING
+            # also loads a Cluster client's slot map, which its pub/sub needs (redis-py's
+            # ClusterPubSub fails on a client that has not sent a command yet).
+            async with asyncio.timeout(CONNECT_FACTOR * self.option.op_timeout):
+                await client.ping()
+        except BaseException:  # cleanup and re-raise: never leave a socket behind
+            await asyncio.shield(_aclose(client))
+            raise
+        self._client[:] = [os.getpid(), client]
+        return client
+
+    def close(self) -> None:
+        """Stop background work and close the client (tests, shutdown); a later failure opens
+        a new one."""
+        for future in self._background:
+            future.cancel()
+        self._background.clear()
+        pending, self._connecting = self._connecting, None
+        if pending is not None and pending[0] == os.getpid() and _helper is not None:
+
+            async def stop() -> None:  # the attempt closes its socket as it ends
+                pending[1].cancel()
+                await asyncio.wait([pending[1]])
+
+            try:
+                asyncio.run_coroutine_threadsafe(stop(), _helper[1]).result(1.0)
+            except Exception:  # best effort, as closing the client below
+                pass
+        _close_later(self._client, wait=1.0)
+
+    def background(self, operation: Operation[Any]) -> None:
+        """Run ``operation`` on the helper loop until ``close`` (a subscriber); while Redis
+        cannot be reached, try again every ``retry_after``."""
+
+        async def main() -> None:
+            while True:
+                try:
+                    client = await self._connected(self._attempt())
+                except Exception:  # not reachable now: the subscriber waits, as recoveries do
+                    await asyncio.sleep(self.option.retry_after)
+                    continue
+                await operation(client)
+                return
+
+        future = asyncio.run_coroutine_threadsafe(main(), _helper_loop())
+        future.add_done_callback(_retrieved)
+        self._background.append(future)
+
+    def submit(self, operation: Operation[T], bound: float | None) -> Future[T]:
+        """Start ``operation(client)`` on the helper loop. ``bound`` (seconds) limits the
+        whole of it, connecting included; None: only connecting, to ``op_timeout``."""
+
+        async def main() -> T:
+            attempt = self._attempt()
+            if bound is None:
+                async with asyncio.timeout(self.option.op_timeout):
+                    client = await self._connected(attempt)
+                return await operation(client)
+            async with asyncio.timeout(bound):
+                return await operation(await self._connected(attempt))
+
+        return asyncio.run_coroutine_threadsafe(main(), _helper_loop())
+
+    async def run(self, operation: Operation[T], *, bound: float | None = -1.0) -> T:
+        """``operation(client)`` on the helper loop, awaited from any backend; ``Unavailable``
+        on a Redis error or time-out. Default bound: ``op_timeout``; None: the caller's scope
+        (connecting still within ``op_timeout``)."""
+        if bound is not None and bound < 0:
+            bound = self.option.op_timeout
+        future = self.submit(operation, bound)
+        try:
+            await bridge.wait_future(future)
+        finally:
+            if not future.done():  # cancelled (the recovery's deadline): stop it over there too
+                future.cancel()
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise Unavailable("the operation was cancelled on the coordination thread") from None
+        except Exception as exc:  # redis errors, OSError, TimeoutError: all mean "not now"
+            raise Unavailable(f"{type(exc).__name__}: {exc}"[:300]) from exc
+
+    def fire(self, operation: Operation[Any]) -> None:
+        """Start ``operation`` and do not wait (from sync cleanup paths). Errors are dropped."""
+        try:
+            self.submit(operation, self.option.op_timeout).add_done_callback(_retrieved)
+        except Exception:  # the helper loop is gone (interpreter shutdown): nothing to release
+            pass
+
+
+def _retrieved(future: concurrent.futures.Future[Any] | asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _close_later(state: list[Any], wait: float = 0.0) -> None:
+    pid, client = state
+    state[:] = [0, None]
+    if client is None or pid != os.getpid() or _helper is None:
+        return
+    try:
+        future = asyncio.run_coroutine_threadsafe(_aclose(client), _helper[1])
+        if wait:
+            future.result(wait)
+    except Exception:  # closing is best effort (the loop may be gone at interpreter exit)
+        pass
+
+
+async def _aclose(client: Any) -> None:
+    await client.aclose()
+    # A Sentinel-managed client (``Sentinel(...).master_for(...)``) leaves its Sentinel's own
+    # connections open: redis-py says the caller owns them. Here the caller is the factory we
+    # called, so they are closed with the client (a Sentinel reconnects if used again).
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+    if manager is not None and hasattr(manager, "aclose"):
+        await manager.aclose()
+
+
+def _from_url(option: RedisCoordination) -> Any:
+    import redis.asyncio
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    assert option.url is not None
+    # No retries: a Redis that does not answer at once is treated as down (fall back in-process),
+    # never retried while a recovery waits. Opening a socket (a TLS handshake included) may take
+    # as long as the background attempt: no recovery waits for it beyond its op_timeout.
+    return redis.asyncio.from_url(
+        option.url, socket_connect_timeout=CONNECT_FACTOR * option.op_timeout,
+        retry=Retry(NoBackoff(), 0), health_check_interval=0,
+    )  # fmt: skip

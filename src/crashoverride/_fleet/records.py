@@ -1,0 +1,211 @@
+"""Fix records: a recovery's code changes (``_repair.journal``), signed, for other processes.
+
+When a recovery succeeds, the fleet backend turns its journal into one record: the fingerprint,
+each target (module, qualname, digest of the code it replaced, new source), the recovery id, the
+time and who approved the code, signed with HMAC-SHA256 under the fleet key. A
+``persist_file_edit`` travels as information only (its path from the import root, its redacted
+diff), shown to ``approve=`` and never applied: the processes of one host share the file the
+leader wrote already, and other hosts' copies are the deployment's, which brings the edit with
+its next release.
+
+A process applies a record only if its signature verifies AND each target's current code has
+the recorded digest (the same deployment); anything else is refused. Digests (``journal.digest``)
+are computed from the code object itself (bytecode, constants, names), not from files or line
+numbers, so they agree between processes of one deployment and differ when the code differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import sys
+import time
+import types
+from collections.abc import Callable
+from typing import Any, Final
+
+from crashoverride._repair.journal import digest, record_id, take_files
+
+_HOW: Final = {
+    "rebind": "# rebind_everywhere({}) to:",
+    "persist": "# persist_function({}) in the recovering process; applied here live, as "
+    "replace_function:",
+}
+
+
+class Refused(Exception):
+    """A record that must not be applied here; the message says why."""
+
+
+def make(
+    *,
+    fingerprint: str,
+    targets: list[dict[str, str]],
+    recovery_id: str,
+    approved_by: str,
+    recipe: tuple[str, ...] = (),
+    turns: int = 0,
+) -> dict[str, Any]:
+    """A record; ``recipe``: the recovery's state-repair snippets (``_recipes``), left out when
+    they hold a secret; ``turns``: the model calls it took. The file edits the recovery
+    persisted (``note_file``) come with it."""
+    from crashoverride._repair.recipes import told, withheld
+
+    reason = withheld(tuple(recipe)) if recipe else ""
+    if reason:
+        told(recovery_id, fingerprint, reason)
+        recipe = ()
+    files = take_files(recovery_id)
+    return {"id": record_id(recovery_id), "fingerprint": fingerprint,
+            "targets": targets, "recovery_id": recovery_id, "at": time.time(),
+            "approved_by": approved_by, "recipe": list(recipe), "turns": turns,
+            "files": files}  # fmt: skip
+
+
+def _canonical(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+
+
+def sign(record: dict[str, Any], key: bytes) -> str:
+    """The stored form: the record and its HMAC-SHA256 signature, as JSON."""
+    signature = hmac.new(key, _canonical(record), hashlib.sha256).hexdigest()
+    return json.dumps({"record": record, "sig": signature})
+
+
+def verify(stored: str | bytes, key: bytes) -> dict[str, Any]:
+    """The record inside ``stored``, if its signature verifies; else ``Refused``."""
+    try:
+        envelope = json.loads(stored)
+        record, signature = envelope["record"], envelope["sig"]
+        expected = hmac.new(key, _canonical(record), hashlib.sha256).hexdigest()
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Refused(f"not a fix record ({type(exc).__name__})") from None
+    if not isinstance(signature, str) or not hmac.compare_digest(signature, expected):
+        raise Refused("bad signature (not signed with this fleet's key)")
+    if not isinstance(record, dict) or not isinstance(record.get("targets"), list):
+        raise Refused("malformed record")
+    if not all(isinstance(snippet, str) for snippet in record.get("recipe", [])):
+        raise Refused("malformed recipe")
+    files = record.get("files", [])
+    if not isinstance(files, list) or not all(
+        isinstance(edit, dict) and isinstance(edit.get("path"), str)
+        and isinstance(edit.get("diff"), str) for edit in files
+    ):  # fmt: skip
+        raise Refused("malformed file edits")
+    return record
+
+
+def _resolve(module: str, qualname: str) -> types.FunctionType:
+    owner: Any = sys.modules.get(module)
+    if owner is None:
+        raise Refused(f"module {module} is not loaded here")
+    for part in qualname.split("."):
+        owner = getattr(owner, part, None)
+    if isinstance(owner, types.MethodType):
+        owner = owner.__func__
+    if not isinstance(owner, types.FunctionType):
+        raise Refused(f"{module}.{qualname} is not a Python function here")
+    return owner
+
+
+def check(record: dict[str, Any]) -> list[tuple[types.FunctionType, dict[str, str]]]:
+    """The targets still to change; ``Refused`` if any runs code of another deployment.
+
+    Empty when every target already runs the fix (applied before, here or by a replay).
+    """
+    todo = []
+    for target in record["targets"]:
+        function = _resolve(str(target["module"]), str(target["qualname"]))
+        current = digest(function.__code__)
+        if current == target.get("new_hash"):
+            continue
+        if current != target.get("code_hash"):
+            raise Refused(
+                f"{target['module']}.{target['qualname']} runs other code here (code hash "
+                f"{current}, the record was made against {target.get('code_hash')})"
+            )
+        todo.append((function, target))
+    return todo
+
+
+def apply(todo: list[tuple[types.FunctionType, dict[str, str]]]) -> list[str]:
+    """Make each change as the recovery did (``replace_function`` or ``rebind_everywhere``);
+    the names changed."""
+    from crashoverride._repair.patching import as_function, rebind_everywhere, replace_function
+
+    changed = []
+    for function, target in todo:
+        if target.get("kind") == "rebind":
+            rebind_everywhere(function, as_function(str(target["source"]), function.__globals__))
+        else:
+            replace_function(function, str(target["source"]))
+        changed.append(f"{target['module']}.{target['qualname']}")
+    return changed
+
+
+async def receive(
+    stored: str | bytes, key: bytes, approve: Callable[..., Any] | None, call: Any
+) -> tuple[dict[str, Any], list[str]]:
+    """Verify, check, approve and apply a stored record: (the record, the names changed).
+
+    Nothing changed when this process runs the fix already. ``approve`` (``approve=``) sees the
+    code first, through ``call`` (the owner's context, or the helper loop). ``Refused`` when any
+    rule says no.
+    """
+    record = verify(stored, key)
+    todo = check(record)
+    if not record["targets"] and not record.get("recipe") and record.get("files"):
+        raise Refused(
+            f"nothing to apply here: the record carries only persisted file edits "
+            f"({', '.join(not_applied(record))}), which other processes never apply (the "
+            "processes of one host share the file; other hosts get it with their next deployment)"
+        )
+    if not todo and not record.get("recipe"):
+        return record, []
+    if approve is not None:
+        from crashoverride._security.audit import ApprovalRequest
+
+        names = [f"{t['module']}.{t['qualname']}" for t in record["targets"]]
+        request = ApprovalRequest(approval_text(record), tool="apply_fix", source="fleet",
+                                  arguments={"record": record.get("id"), "targets": names},
+                                  is_code=True)  # fmt: skip
+        try:
+            verdict = await call(lambda: approve(request))
+        except Exception as exc:  # an approver that fails denies, as for any tool call
+            raise Refused(f"approve= raised {type(exc).__name__}: {exc}"[:200]) from None
+        if not verdict or isinstance(verdict, str):
+            raise Refused(f"denied by approve=: {verdict!r}"[:200])
+    return record, apply(todo)
+
+
+def approval_text(record: dict[str, Any]) -> str:
+    """What ``approve=`` is shown of a propagated fix: the code that will run."""
+    lines = [f"# fix record {record.get('id')} from recovery {record.get('recovery_id')}"]
+    for target in record["targets"]:
+        name = f"{target['module']}.{target['qualname']}"
+        lines.append(_HOW.get(str(target.get("kind")), "# replace_function({}):").format(name))
+        lines.append(str(target["source"]).rstrip("\n"))
+    for snippet in record.get("recipe", []):
+        lines.append("# state repair, replayed when this failure recurs (recipe):")
+        lines.append(str(snippet).rstrip("\n"))
+    for edit in record.get("files", []):
+        lines.append(f"# persisted file edit of file {edit['path']} in the recovering process: "
+                     "not applied here (shown for information; the diff is redacted):")  # fmt: skip
+        lines.append(str(edit["diff"]).rstrip("\n"))
+    return "\n".join(lines) + "\n"
+
+
+def not_applied(record: dict[str, Any]) -> list[str]:
+    """What a record carries that this process does not apply: its persisted file edits."""
+    return [
+        f"{edit['path']} (persisted file edit: not applied)" for edit in record.get("files", [])
+    ]
+
+
+def approved_by(records: list[Any], approver: Callable[..., Any] | None) -> str:
+    """Who approved the code of a recovery: the approver named by its code-running tool calls."""
+    if approver is None:
+        return "not required (no approve= configured)"
+    names = {r.approved_by for r in records if r.ok and r.tool == "exec_python"}
+    return ", ".join(sorted(names)) or "unknown"

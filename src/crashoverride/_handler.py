@@ -1,0 +1,304 @@
+"""``Handler``: the ``with`` / ``async with`` / decorator front of a recovery.
+
+The happy path is the product: a block that does not raise costs two method calls and one
+``is None`` test. Everything else (settings derivation, the pipeline, structlog, asyncio, anyio,
+the SDK) is imported and built only when a matching exception arrives, and async entry points
+import it off the event loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import weakref
+from collections.abc import Callable
+from contextvars import ContextVar
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from crashoverride._errors import ConfigurationError
+from crashoverride._placement.offloop import load
+
+if TYPE_CHECKING:
+    from crashoverride._app import CrashOverride
+    from crashoverride._config.settings import Settings
+    from crashoverride._core.recovery import Decision
+    from crashoverride._observe.report import RecoveryReport
+
+F = TypeVar("F", bound=Callable[..., Any])
+_CO_COROUTINE = 0x80
+_CO_GENERATOR = 0x20
+_CO_ASYNC_GENERATOR = 0x200
+_ENTRY = "crashoverride._core.entry"
+
+# The latest report per handler, per context (task or thread). One variable for every handler,
+# holding a weak mapping replaced on write: a handler per loop iteration adds no context entry,
+# and a handler that is gone takes its report with it.
+_REPORTS: ContextVar[weakref.WeakKeyDictionary[Handler, RecoveryReport] | None] = ContextVar(
+    "crashoverride_reports", default=None
+)
+
+
+class Handler:
+    """Protects a block or a function; see ``CrashOverride.handler``."""
+
+    __slots__ = ("__weakref__", "_app", "_overrides", "_prompt", "_settings")
+
+    def __init__(self, app: CrashOverride, prompt: str, overrides: dict[str, Any] | None) -> None:
+        if type(prompt) is not str:
+            raise ConfigurationError("prompt", f"expected a str, got {type(prompt).__name__}")
+        self._app = app
+        self._prompt = prompt
+        self._overrides = overrides
+        self._settings: Settings | None = None
+        if overrides:
+            # Validate now: bad input fails at construction, not at the first failure.
+            self._settings = app._settings.for_handler({"prompt": prompt, **overrides})
+
+    # -- settings and reports --------------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        settings = self._settings
+        if settings is None:
+            settings = self._settings = self._app._settings.for_handler({"prompt": self._prompt})
+        return settings
+
+    @property
+    def report(self) -> RecoveryReport | None:
+        """The report of this handler's latest recovery in the current context (task/thread)."""
+        reports = _REPORTS.get()
+        return None if reports is None else reports.get(self)
+
+    def _store(self, report: RecoveryReport) -> None:
+        old = _REPORTS.get()
+        reports = weakref.WeakKeyDictionary(old) if old is not None else weakref.WeakKeyDictionary()
+        reports[self] = report
+        _REPORTS.set(reports)
+
+    def _settle(self, decision: Decision | None, exc: BaseException) -> bool:
+        """Act on the outcome: True to suppress ``exc``; raises what replaces it, if anything."""
+        if decision is None:
+            return False
+        if decision.report is not None:
+            self._store(decision.report)
+        return decision.settle(exc)
+
+    # -- the two ways in (the public contract wraps these; see ``crashoverride.integration``) --
+
+    def recover(self, exc: BaseException, block: Callable[[], Any]) -> Decision | None:
+        """Recover ``exc`` from sync code; ``block`` builds the Block. None: let it propagate."""
+        if _stack_left() < _STACK_NEEDED:
+            return None  # see _STACK_NEEDED
+        try:
+            from crashoverride._core.entry import recover_sync
+
+            built = block()
+        except Exception as problem:
+            _internal(exc, problem, self._app)
+            return None
+        return recover_sync(self._app, self.settings, exc, built)
+
+    async def arecover(self, exc: BaseException, block: Callable[[], Any]) -> Decision | None:
+        """Recover ``exc`` from async code on any anyio backend. None: let it propagate."""
+        if _stack_left() < _STACK_NEEDED:
+            return None  # see _STACK_NEEDED
+        try:
+            await load(_ENTRY)  # off the loop, the first time
+            from crashoverride._core.entry import recover_async
+
+            built = block()
+        except Exception as problem:
+            _internal(exc, problem, self._app)
+            return None
+        return await recover_async(self._app, self.settings, exc, built)
+
+    # -- with / async with -----------------------------------------------------------------
+
+    def __enter__(self) -> Handler:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        if exc is None:
+            return False
+        settings = self.settings
+        if not isinstance(exc, settings.catch):
+            return False
+        # The first traceback entry is the frame that holds the ``with`` statement.
+        frame = tb.tb_frame if tb is not None else None
+        # A partial, not a lambda: a closure would make ``settings`` and ``frame`` cell
+        # variables, paid on every exit, including the happy path's.
+        try:
+            decision = self.recover(exc, functools.partial(_with_block, settings, frame))
+        except RecursionError:  # not even the room to look (see _STACK_NEEDED)
+            return False
+        return self._settle(decision, exc)
+
+    async def __aenter__(self) -> Handler:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        if exc is None:
+            return False
+        settings = self.settings
+        if not isinstance(exc, settings.catch):
+            return False
+        frame = tb.tb_frame if tb is not None else None
+        try:
+            decision = await self.arecover(exc, functools.partial(_with_block, settings, frame))
+        except RecursionError:  # not even the room to look (see _STACK_NEEDED)
+            return False
+        return self._settle(decision, exc)
+
+    # -- decorator -------------------------------------------------------------------------
+
+    def __call__(self, func: F) -> F:
+        if not callable(func):
+            raise ConfigurationError("func", f"expected a callable, got {type(func).__name__}")
+        code = getattr(func, "__code__", None)
+        if code is not None:
+            flags = code.co_flags
+        else:
+            import inspect
+
+            flags = _CO_COROUTINE if inspect.iscoroutinefunction(func) else 0
+            if inspect.isgeneratorfunction(func):
+                flags = _CO_GENERATOR
+            elif inspect.isasyncgenfunction(func):
+                flags = _CO_ASYNC_GENERATOR
+        if flags & (_CO_GENERATOR | _CO_ASYNC_GENERATOR):
+            asynchronous = bool(flags & _CO_ASYNC_GENERATOR)
+            kind, use = ("an async", "async with") if asynchronous else ("a", "with")
+            raise ConfigurationError(
+                "func",
+                f"{getattr(func, '__qualname__', func)!r} is {kind} generator function: its "
+                "body runs while it is iterated, after the decorator has returned, so the "
+                f"decorator cannot protect it. Protect the code that iterates it with `{use} "
+                "co.handler(...)`, or decorate a regular function it calls.",
+            )
+        return self._wrap_async(func) if flags & _CO_COROUTINE else self._wrap_sync(func)  # type: ignore[return-value]
+
+    # A decorated call's failure: None unless ``exc`` is caught and a recovery decided. In
+    # methods of their own so the wrappers' ``except`` blocks hold one guarded call each.
+    def _call_builder(
+        self, exc: Exception, func: Callable[..., Any], args: Any, kwargs: Any
+    ) -> Callable[[], Any] | None:
+        settings = self.settings
+        if not isinstance(exc, settings.catch):
+            return None
+        return functools.partial(_call_block, settings, func, args, kwargs, exc)
+
+    def _recover_call(
+        self, exc: Exception, func: Callable[..., Any], args: Any, kwargs: Any
+    ) -> Decision | None:
+        build = self._call_builder(exc, func, args, kwargs)
+        try:
+            return None if build is None else self.recover(exc, build)
+        finally:
+            del build  # it holds the exception, whose traceback holds the caller's frame
+
+    async def _arecover_call(
+        self, exc: Exception, func: Callable[..., Any], args: Any, kwargs: Any
+    ) -> Decision | None:
+        build = self._call_builder(exc, func, args, kwargs)
+        try:
+            return None if build is None else await self.arecover(exc, build)
+        finally:
+            del build  # it holds the exception, whose traceback holds the caller's frame
+
+    def _wrap_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        handler = self
+
+        @functools.wraps(func)
+        def protected(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return func(*args, **kwargs)
+            except Exception as exc:
+                try:
+                    decision = handler._recover_call(exc, func, args, kwargs)
+                except RecursionError:  # not even the room to look (see _STACK_NEEDED)
+                    decision = None
+                if decision is None or not handler._settle(decision, exc):
+                    raise
+                assert decision is not None
+                return decision.value
+
+        return protected
+
+    def _wrap_async(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        handler = self
+
+        @functools.wraps(func)
+        async def protected(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await func(*args, **kwargs)
+            except Exception as exc:
+                try:
+                    decision = await handler._arecover_call(exc, func, args, kwargs)
+                except RecursionError:  # not even the room to look (see _STACK_NEEDED)
+                    decision = None
+                if decision is None or not handler._settle(decision, exc):
+                    raise
+                assert decision is not None
+                return decision.value
+
+        return protected
+
+
+# A failure raised this close to the recursion limit (a runaway recursion, mostly) is not
+# recovered here: the recovery's own calls would hit the limit and fail, or worse, replace
+# the user's exception. It propagates untouched, unmarked, to an outer frame of a protected
+# call that has the room. (Where even that check cannot run, the caller's ``except
+# RecursionError`` lets the exception go on in the same way.)
+_STACK_NEEDED = 120
+
+
+def _stack_left() -> int:
+    """Frames left before the recursion limit, counted from the caller (a failure path only)."""
+    depth = 0
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        depth += 1
+        frame = frame.f_back
+    return sys.getrecursionlimit() - depth
+
+
+def _with_block(settings: Settings, frame: Any) -> Any:
+    from crashoverride._core.block import with_block
+
+    return with_block(settings.postcondition, frame)
+
+
+def _call_block(
+    settings: Settings,
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    exc: BaseException,
+) -> Any:
+    from crashoverride._core.block import call_block
+
+    return call_block(func, args, kwargs, exc, postcondition=settings.postcondition)
+
+
+def _internal(exc: BaseException, problem: BaseException, app: object) -> None:
+    """crashoverride could not even start: say so on the user's exception, which propagates."""
+    from crashoverride._core.seen import mark, seen
+
+    if seen(exc, app):
+        return  # noted once already (a deep recursion fails at every level on its way out)
+    mark(exc, app)
+    try:
+        exc.add_note(f"crashoverride: recovery not attempted, internal error: {problem!r}")
+    except Exception:  # pragma: no cover - an exception type that refuses notes
+        pass

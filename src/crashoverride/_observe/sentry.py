@@ -1,0 +1,140 @@
+"""Sentry observer: a recovered exception becomes one handled warning event; a failed one keeps
+the event Sentry sends anyway, with the report added to it.
+
+Loaded by ``_observe`` only when the application imported ``sentry_sdk``, and active only with
+an initialised client. Never two events for one exception: a recovered exception is suppressed,
+so nothing else reports it and this module sends it once; a failed one propagates and is
+reported by whatever reports the application's errors (the ASGI and Celery integrations, the
+excepthook), so this module only adds the report to that event, found by the recovery id in
+the note the exception carries. Events go through ``capture_event``: ``before_send``, the
+event scrubber and the client's options apply to them as to any other.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Final
+
+import sentry_sdk
+from sentry_sdk.scope import add_global_event_processor, use_isolation_scope, use_scope
+from sentry_sdk.utils import event_from_exception
+
+from crashoverride._observe.record import to_record
+from crashoverride._observe.transcript import render
+
+if TYPE_CHECKING:
+    from sentry_sdk._types import Event
+
+    from crashoverride._observe.report import RecoveryReport
+    from crashoverride._security.audit import ToolCallRecord
+
+CONTEXT: Final = "crashoverride"
+MECHANISM: Final = "crashoverride"
+# The reports of failed recoveries whose exceptions are still on their way to Sentry; bounded,
+# since an exception may never reach it (caught and dropped by the application).
+_KEPT: Final = 256
+# The note ``_recovery`` adds to an exception a recovery did not recover.
+_NOTE: Final = re.compile(r"crashoverride: recovery (rec_[0-9a-f]+) ")
+_pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_lock = threading.Lock()
+_installed = False
+
+
+def _scrubbed(record: dict[str, Any]) -> dict[str, Any]:
+    """The client's event scrubber applied to the report (it scrubs no context by itself)."""
+    scrubber = sentry_sdk.get_client().options.get("event_scrubber")
+    if scrubber is not None:
+        scrubber.scrub_dict(record)
+    return record
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    found: list[BaseException] = []
+    while exc is not None and all(exc is not seen for seen in found):  # by identity
+        found.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return found
+
+
+def _add_report(event: Event, hint: dict[str, Any]) -> Event:
+    """Global event processor: the report of the recovery a reported exception went through."""
+    exc_info = hint.get("exc_info") if hint else None
+    exc = exc_info[1] if isinstance(exc_info, tuple) and len(exc_info) > 1 else None
+    for item in _chain(exc):
+        for note in getattr(item, "__notes__", None) or ():
+            match = _NOTE.match(note) if isinstance(note, str) else None
+            if match is None:
+                continue
+            with _lock:
+                record = _pending.get(match[1])
+            if record is not None:
+                event.setdefault("contexts", {})[CONTEXT] = _scrubbed(dict(record))
+                return event
+    return event
+
+
+def _install() -> None:
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        _installed = True
+    add_global_event_processor(_add_report)
+
+
+class SentryWatch:
+    """One recovery, seen from the scopes it started in (the request's or task's)."""
+
+    def __init__(self) -> None:
+        self.scope = sentry_sdk.get_current_scope()
+        self.isolation = sentry_sdk.get_isolation_scope()
+
+    def tool(self, record: ToolCallRecord) -> None:
+        pass
+
+    def finish(self, report: RecoveryReport | None, exc: BaseException | None) -> None:
+        if report is None or exc is None:
+            return
+        record = to_record(report)
+        if not report.recovered:
+            with _lock:
+                _pending[report.recovery_id] = record
+                while len(_pending) > _KEPT:
+                    _pending.popitem(last=False)
+            return
+        client = sentry_sdk.get_client()
+        if not client.is_active():
+            return
+        mechanism = {"type": MECHANISM, "handled": True}
+        event, hint = event_from_exception(exc, client_options=client.options, mechanism=mechanism)
+        event["level"] = "warning"
+        with (
+            use_isolation_scope(self.isolation),
+            use_scope(self.scope),
+            sentry_sdk.new_scope() as scope,
+        ):
+            scope.set_context(CONTEXT, _scrubbed(record))
+            scope.set_tag("crashoverride.outcome", report.outcome)
+            scope.set_tag("crashoverride.recovery_id", report.recovery_id)
+            # The transcript quotes live values (what the agent read): sent only where the
+            # client sends local variables at all.
+            if client.options.get("include_local_variables", True):
+                scope.add_attachment(
+                    bytes=render(report).encode(),
+                    filename=f"{report.recovery_id}.txt",
+                    content_type="text/plain",
+                )
+            sentry_sdk.capture_event(event, hint=hint)
+
+
+def start(rec: Any) -> SentryWatch | None:
+    if not sentry_sdk.get_client().is_active():
+        return None
+    _install()
+    return SentryWatch()
+
+
+def skipped(handler: str, reason: str) -> None:
+    pass  # the exception propagates: Sentry reports it with the note that says why

@@ -1,0 +1,251 @@
+"""The one gate every tool call passes: approval, then execution, then the audit record.
+
+Built-in tools (``_agent_tools``), application tools (``tools=``), MCP tools and the tools of a
+follow-up's run all go through ``Gate.call``: ``approve=`` sees each call (its tool name and
+arguments) before it runs, a denied call never runs, and every call, denied ones included, is
+one ``ToolCallRecord`` in ``report.tool_calls`` and one ``*.tool_called`` event.
+
+SDK tools that do not run through a function we can wrap (hosted tools such as web search, a
+computer or shell tool) cannot pass the gate, so a run that is offered one refuses to start.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import copy
+import itertools
+import linecache
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from types import CodeType
+from typing import Any, Final, Protocol
+
+from crashoverride._placement.bridge import Dispatch
+from crashoverride._security.audit import ApprovalRequest, ToolCallRecord
+from crashoverride._security.text import clip, format_tool_error, render_value
+
+NOT_REQUIRED: Final = "not required (no approve= configured)"
+
+Execute = Callable[[], Awaitable[tuple[Any, bool]]]  # -> (output, ok)
+
+
+class _Trail(Protocol):
+    @property
+    def records(self) -> list[ToolCallRecord]: ...
+
+
+class Audited(Protocol):
+    """What the gate needs of a run (``_agent.run.AgentJob`` is one): who approves, how text is
+    redacted and fenced, where the audit trail goes. A Protocol, so the gate, which sits below
+    the agent layer, never imports it."""
+
+    @property
+    def approve(self) -> Callable[[ApprovalRequest], Any] | None: ...
+    @property
+    def state(self) -> _Trail: ...
+
+    def redact(self, text: str) -> str: ...
+    def fence(self, text: str, label: str) -> str: ...
+    def on_tool(self, record: ToolCallRecord) -> None: ...
+
+
+def _approver_name(approve: Any) -> str:
+    return str(getattr(approve, "__qualname__", None) or type(approve).__name__)
+
+
+def tool_failure(_: Any, error: Exception) -> str:
+    # The SDK hides tool errors from the model by default; the model needs the traceback.
+    return format_tool_error(error)
+
+
+class Gate:
+    """The gate of one agent run: approval, the order of calls, the audit trail."""
+
+    def __init__(self, job: Audited, dispatch: Dispatch) -> None:
+        self.job = job
+        self.dispatch = dispatch
+        self.serial = asyncio.Lock()
+
+    async def approval(self, call: ApprovalRequest) -> tuple[bool, str]:
+        """(allowed, who/why) for one call; runs ``approve`` in the owner's context."""
+        approve = self.job.approve
+        if approve is None:
+            return True, NOT_REQUIRED
+        name = _approver_name(approve)
+        try:
+            verdict = await self.dispatch(lambda: approve(call))
+        except Exception as exc:
+            return False, f"denied: {name} raised {type(exc).__name__}: {exc}"
+        if isinstance(verdict, str):
+            return False, f"denied by {name}: {verdict}"
+        return (True, f"approved by {name}") if verdict else (False, f"denied by {name}")
+
+    async def call(self, call: ApprovalRequest, execute: Execute, *, data: bool = True) -> Any:
+        """Approve ``call``, run it, record it; what the model sees.
+
+        ``data``: the output may carry text from outside (values, pages, messages), so the
+        model gets it fenced as data. The audit record keeps it unfenced.
+        """
+        job = self.job
+        started = time.perf_counter()
+        allowed, approved_by, output, ok = False, "", None, False
+        try:
+            async with self.serial:  # one call at a time, in the order the model asked
+                allowed, approved_by = await self.approval(call)
+                if allowed:
+                    output, ok = await execute()
+                else:
+                    output = f"Not run: {approved_by}. Do not retry it as it is; adapt or give up."
+        except BaseException as exc:
+            # Cleanup and re-raise (cancellation at the deadline included): the call started,
+            # so the audit trail keeps it.
+            cut = f"cut off: {type(exc).__name__}"
+            self._record(call, cut, False, started, approved_by or "not decided")
+            raise
+        if output is None:
+            output = ""
+        self._record(call, _text_of(output), ok, started, approved_by)
+        if allowed and data:
+            label = f"result of {call.tool}"
+            return _shielded(output, job.redact, lambda part: job.fence(part, label))
+        return job.redact(output) if isinstance(output, str) else output
+
+    def _record(
+        self, call: ApprovalRequest, result: str, ok: bool, started: float, by: str
+    ) -> None:
+        job = self.job
+        duration = round((time.perf_counter() - started) * 1000, 3)
+        # Redacted before clipping: a cut must not split a secret the detector then misses.
+        record = ToolCallRecord(
+            call.tool, clip(job.redact(str(call)), 4_000), clip(job.redact(result), 4_000), ok,
+            duration, by, call.source,
+        )  # fmt: skip
+        job.state.records.append(record)
+        job.on_tool(record)
+
+
+def _text_of(output: Any) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, Mapping) and output.get("type") == "text":
+        return str(output.get("text", ""))
+    if isinstance(output, list):
+        return "\n".join(_text_of(item) for item in output)
+    # Rendered as eval_python's results are: secret-named keys and fields inside are masked
+    # by name, whatever their values look like.
+    return render_value(output)
+
+
+def _shielded(output: Any, redact: Callable[[str], str], fence: Callable[[str], str]) -> Any:
+    """``output`` for the model: every text part redacted and fenced, images kept."""
+    if isinstance(output, str):
+        return fence(redact(output))
+    if isinstance(output, Mapping) and output.get("type") in ("text", "image"):
+        if output["type"] == "image":
+            return output
+        return {**output, "text": fence(redact(str(output.get("text", ""))))}
+    if isinstance(output, list) and all(isinstance(item, Mapping) for item in output):
+        return [_shielded(item, redact, fence) for item in output]
+    return fence(redact(_text_of(output)))
+
+
+# -- tools that are not ours: application, handler, MCP ------------------------------------------
+
+
+def gated(tool: Any, gate: Gate, source: str) -> Any:
+    """An SDK function tool that runs ``tool`` through ``gate``; refuses tools it cannot wrap."""
+    from agents import FunctionTool
+    from agents.tool import set_function_tool_failure_error_function
+
+    if not isinstance(tool, FunctionTool):
+        name = getattr(tool, "name", type(tool).__name__)
+        raise TypeError(
+            f"the {source} tool {name!r} ({type(tool).__name__}) does not run through a "
+            "function crashoverride can wrap, so it cannot pass approve= and the audit "
+            "trail; offer it as a function tool instead"
+        )
+    # The tool itself raises its errors to us (we record them as failed, then format them)...
+    inner = set_function_tool_failure_error_function(copy.copy(tool), None)
+    invoke = inner.on_invoke_tool
+    name = tool.name
+
+    async def on_invoke(ctx: Any, text: str) -> Any:
+        async def execute() -> tuple[Any, bool]:
+            try:
+                return await invoke(ctx, text), True
+            except Exception as exc:
+                return tool_failure(ctx, exc), False
+
+        return await gate.call(ApprovalRequest.of_json(name, text, source), execute)
+
+    outer = copy.copy(tool)
+    outer.on_invoke_tool = on_invoke
+    # ... and failures the SDK produces itself (a call cancelled mid-turn) read as ours do.
+    return set_function_tool_failure_error_function(outer, tool_failure)
+
+
+async def gate_agent(agent: Any, builtin: list[Any], gate: Gate, *, external: bool) -> Any:
+    """``agent`` with every tool gated: the built-in ones as they are, the others wrapped.
+
+    MCP servers' tools are listed once, here, and offered as gated function tools (the SDK
+    would otherwise call the servers directly). ``external`` False (diagnose mode): only the
+    built-in tools are offered, whatever the factory added.
+    """
+    ours = {id(tool) for tool in builtin}
+    tools = [tool for tool in agent.tools if id(tool) in ours]
+    if external:
+        others = [(tool, "application") for tool in agent.tools if id(tool) not in ours]
+        if agent.mcp_servers:
+            from agents import RunContextWrapper
+
+            listed = await agent.get_mcp_tools(RunContextWrapper(context=None))
+            others += [(tool, "mcp") for tool in listed]
+        tools += [gated(tool, gate, source) for tool, source in others]
+    return agent.clone(tools=tools, mcp_servers=[])
+
+
+# -- agent code: compiled and run here, and nowhere else ----------------------------------------
+# ``tests/architecture/test_choke_points.py`` fails if ``exec``/``eval``/``compile`` appear in
+# another module of the package, so every path that runs agent-derived code comes through here.
+
+_COUNTER = itertools.count(1)
+# Sources of agent code stay visible to tracebacks and ``inspect`` for patched functions, but
+# their number is bounded so a long-running server does not grow without limit.
+_MAX_SOURCES: Final = 2_000
+_SOURCES: OrderedDict[str, None] = OrderedDict()
+
+
+def register_source(source: str) -> str:
+    """A file name under which ``source`` is known to ``linecache`` (tracebacks, ``inspect``)."""
+    filename = f"<crashoverride-{next(_COUNTER)}>"
+    lines = source.splitlines(keepends=True)
+    linecache.cache[filename] = (len(source), None, lines, filename)
+    _SOURCES[filename] = None
+    while len(_SOURCES) > _MAX_SOURCES:
+        old, _ = _SOURCES.popitem(last=False)
+        linecache.cache.pop(old, None)
+    return filename
+
+
+def compile_agent(
+    source: str | ast.Module, mode: str, *, filename: str | None = None, flags: int = 0
+) -> CodeType:
+    """Compile agent code (text or a parsed tree); text is registered unless ``filename``."""
+    if filename is None:
+        if not isinstance(source, str):
+            raise TypeError("a parsed tree needs the file name its text was registered under")
+        filename = register_source(source)
+    code: CodeType = compile(source, filename, mode, flags=flags, dont_inherit=True)
+    return code
+
+
+def compile_source(source: str) -> CodeType:
+    """Module-level agent source, compiled with its text registered."""
+    return compile_agent(source, "exec")
+
+
+def run_code(code: CodeType, globals_: dict[str, Any], names: Any = None) -> Any:
+    """Run compiled agent code: an expression's value, or None for statements."""
+    return eval(code, globals_, names)

@@ -1,0 +1,214 @@
+"""Secret-named keys and attributes inside values: masked in reprs, collected for the redactor.
+
+A local named ``config`` can hold ``{"db_password": ...}``, a dataclass with a ``password``
+field or a pydantic model with an ``api_key``. Two things keep those values in the process:
+
+- ``MaskingRepr`` renders dicts, mappings, dataclasses, pydantic models and named tuples with
+  the values of secret-named keys and fields masked, and masks secrets found by value in every
+  string *before* a long string is shortened (a clipped key is a partial leak);
+- ``secret_values`` walks the failed frame's locals (bounded) and collects the strings held under
+  secret-named keys and attributes, so that the redactor masks them wherever they recur (a
+  custom ``__repr__``, an exception message, a printed value, a log line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import reprlib
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from itertools import islice
+from typing import Any
+
+from crashoverride._security import secrets
+from crashoverride._security.redact import MASK
+
+# A number or a flag under a secret-looking name (``max_tokens``, ``key_count``) is no secret.
+_HARMLESS = (bool, int, float, complex, type(None))
+_HARMLESS_SET = frozenset(_HARMLESS)
+_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
+           types.MethodType, types.FrameType, types.CodeType, types.TracebackType)  # fmt: skip
+
+
+def hidden(name: object, value: object, is_secret: Callable[[str], bool]) -> bool:
+    """Whether ``value``, found under ``name``, is shown as the mask."""
+    return isinstance(name, str) and is_secret(name) and not isinstance(value, _HARMLESS)
+
+
+def _fields(value: object) -> list[str] | None:
+    """The named fields of a dataclass, pydantic model or named tuple (None: not one of them)."""
+    cls = type(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [f.name for f in dataclasses.fields(value) if f.repr]
+    pydantic = getattr(cls, "__pydantic_fields__", None)
+    if isinstance(pydantic, dict) and hasattr(value, "__pydantic_fields_set__"):
+        return [name for name, info in pydantic.items() if getattr(info, "repr", True)]
+    named = getattr(cls, "_fields", None)
+    if isinstance(value, tuple) and isinstance(named, tuple):
+        return [str(name) for name in named]
+    return None
+
+
+class MaskingRepr(reprlib.Repr):
+    """A bounded repr that never shows a secret-named key's value or a secret found by value."""
+
+    def __init__(self, is_secret: Callable[[str], bool] = secrets.is_secret_name) -> None:
+        super().__init__()
+        self.is_secret = is_secret
+
+    def repr1(self, x: Any, level: int) -> str:
+        if isinstance(x, str):
+            return super().repr1(secrets.mask(x, MASK, self.is_secret), level)
+        if isinstance(x, dict | types.MappingProxyType) or (
+            isinstance(x, Mapping) and type(x).__repr__ is not object.__repr__
+        ):
+            body = self._items(((k, v) for k, v in x.items()), len(x), level, "{", ": ", "}")
+            return body if type(x) is dict else f"{type(x).__name__}({body})"
+        names = _fields(x)
+        if names is not None:
+            pairs = ((name, getattr(x, name, None)) for name in names)
+            return type(x).__name__ + self._items(pairs, len(names), level, "(", "=", ")", True)
+        return super().repr1(x, level)
+
+    def _items(
+        self,
+        pairs: Iterator[tuple[Any, Any]],
+        count: int,
+        level: int,
+        opening: str,
+        between: str,
+        closing: str,
+        bare_names: bool = False,
+    ) -> str:
+        if count == 0:
+            return opening + closing
+        if level <= 0:
+            return opening + self.fillvalue + closing
+        limit = self.maxdict
+        pieces = []
+        for name, value in islice(pairs, limit):
+            shown = MASK if hidden(name, value, self.is_secret) else self.repr1(value, level - 1)
+            label = str(name) if bare_names else self.repr1(name, level - 1)
+            pieces.append(f"{label}{between}{shown}")
+        if count > limit:
+            pieces.append(self.fillvalue)
+        return opening + ", ".join(pieces) + closing
+
+
+def masking_repr(is_secret: Callable[[str], bool], **limits: int) -> MaskingRepr:
+    """A ``MaskingRepr`` with ``reprlib`` limits (``maxstring=...``, ``maxdict=...``)."""
+    made = MaskingRepr(is_secret)
+    for name, limit in limits.items():
+        setattr(made, name, limit)
+    return made
+
+
+# -- collecting the values to mask everywhere ---------------------------------------------------
+
+_MAX_NODES = 1_000  # a frame's locals can reference a whole application: bound the walk
+_MAX_DEPTH = 3
+_MAX_ITEMS = 200  # items looked at per container
+_MAX_SCANNED = 20_000  # longer strings are not scanned for embedded credentials here
+
+
+def secret_values(
+    roots: Iterable[Mapping[str, Any]], is_secret: Callable[[str], bool]
+) -> list[str]:
+    """Strings held under secret-looking names at any depth, and credentials inside strings.
+
+    Runs at the start of every recovery: a bounded walk (``_MAX_NODES`` objects, ``_MAX_DEPTH``
+    levels, ``_MAX_ITEMS`` per container) of plain containers, dataclasses, pydantic models and
+    objects' ``__dict__``; crashoverride's own objects are not entered.
+    """
+    found: list[str] = []
+    seen: set[int] = set()
+    pending: list[tuple[object, object, int]] = []
+    for root in roots:
+        try:
+            pending.extend((name, value, 1) for name, value in list(root.items()))
+        except Exception:  # an exotic mapping must not stop the recovery
+            continue
+    budget = _MAX_NODES
+    while pending and budget > 0:
+        name, value, depth = pending.pop()
+        budget -= 1
+        kind = type(value)
+        if isinstance(value, str | bytes | bytearray):
+            text = value if isinstance(value, str) else _decoded(value)
+            if text is None:
+                continue
+            if isinstance(name, str) and is_secret(name):
+                found.append(text)
+            elif len(text) <= _MAX_SCANNED and ("=" in text or ":" in text):
+                # A URL's password or the value of ``key=value`` may later appear on its own.
+                # (Whole tokens need no memory: the detector finds them wherever they are.)
+                found.extend(secrets.found(text, is_secret))
+            continue
+        if kind in _HARMLESS_SET or depth >= _MAX_DEPTH or isinstance(value, _OPAQUE):
+            continue
+        if id(value) in seen or str(getattr(kind, "__module__", "")).startswith("crashoverride"):
+            continue  # ours: what it holds that is secret (the api_key) is masked by value
+        seen.add(id(value))
+        try:
+            pending.extend((key, item, depth + 1) for key, item in _children(value, name))
+        except Exception:  # a property or mapping that fails is simply not walked
+            continue
+    return found
+
+
+def _decoded(value: bytes | bytearray) -> str | None:
+    return bytes(value).decode("utf-8", "replace") if len(value) <= _MAX_SCANNED else None
+
+
+def _children(value: object, name: object) -> Iterable[tuple[object, object]]:
+    if isinstance(value, dict | Mapping):
+        return [
+            pair for pair in islice(value.items(), _MAX_ITEMS) if type(pair[1]) not in _HARMLESS_SET
+        ]
+    if isinstance(value, list | tuple | set | frozenset):
+        fields = _fields(value) if isinstance(value, tuple) else None
+        if fields is not None:
+            return [(field, getattr(value, field, None)) for field in fields]
+        # Items of a secret-named collection are secrets too (``api_keys = [...]``).
+        return [
+            (name, item) for item in islice(value, _MAX_ITEMS) if type(item) not in _HARMLESS_SET
+        ]
+    fields = _fields(value)
+    if fields is not None:
+        return [(field, getattr(value, field, None)) for field in fields]
+    attributes = getattr(value, "__dict__", None)
+    if isinstance(attributes, dict):
+        return list(islice(attributes.items(), _MAX_ITEMS))
+    return ()
+
+
+# -- request data (query strings, form and JSON bodies) -----------------------------------------
+
+
+def mask_fields(value: Any, is_secret: Callable[[str], bool] = secrets.is_secret_name) -> Any:
+    """JSON-like data with the values of secret-named keys masked, at any depth."""
+    if isinstance(value, dict):
+        return {
+            key: MASK if hidden(key, item, is_secret) else mask_fields(item, is_secret)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [mask_fields(item, is_secret) for item in value]
+    return value
+
+
+def mask_query(
+    query: str, is_secret: Callable[[str], bool] = secrets.is_secret_name
+) -> tuple[str, list[str]]:
+    """A query string (or form body) with secret-named parameters masked, and their values."""
+    from urllib.parse import unquote_plus
+
+    kept: list[str] = []
+    values: list[str] = []
+    for part in query.split("&"):
+        name, equals, value = part.partition("=")
+        if equals and value and is_secret(unquote_plus(name)):
+            values.extend({value, unquote_plus(value)})
+            part = f"{name}={MASK}"
+        kept.append(part)
+    return "&".join(kept), values

@@ -1,0 +1,142 @@
+"""The contract integrations are written against: describe the unit, recover it, act on it.
+
+Everything in ``crashoverride.integrations`` (ASGI, asyncio, Celery) uses only this module and
+the package's public names; a new integration (Django, arq, a queue consumer) is one small file::
+
+    from crashoverride import integration
+
+    try:
+        value = await handle(message)
+    except Exception as exc:
+        if not integration.catches(handler, exc):
+            raise
+        outcome = await integration.arecover(  # described lazily, never kept in a local
+            handler, exc, functools.partial(integration.call_block, handle, (message,), {}, exc)
+        )
+        if not integration.settle(handler, outcome, exc):
+            raise  # the original exception, untouched but for a note saying why
+        value = outcome.value
+
+``recover`` / ``arecover`` never raise for a failure of crashoverride's own: they return None
+and the caller re-raises the user's exception. The recovery algorithm itself lives in
+``crashoverride/_pipeline.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from crashoverride._config.settings import UNSET
+from crashoverride._core.block import Block, call_block, result_view
+from crashoverride._core.recovery import Decision as Outcome
+from crashoverride._core.recovery import fingerprint
+from crashoverride._handler import Handler
+from crashoverride._observe.events import CANCELLED as RECOVERY_CANCELLED
+from crashoverride._observe.events import FAILED as RECOVERY_FAILED
+from crashoverride._observe.events import FOLLOWUP_UNCONSUMED
+from crashoverride._observe.events import SKIPPED as RECOVERY_SKIPPED
+from crashoverride._observe.events import WARM_UP_FAILED as RECOVERY_WARM_UP_FAILED
+from crashoverride._security.masking import mask_fields, mask_query
+from crashoverride._security.redact import MASK, Redactor, is_secret_name
+from crashoverride._security.text import clip
+from crashoverride._security.verdict import judge
+
+__all__ = [
+    "FOLLOWUP_UNCONSUMED",
+    "MASK",
+    "RECOVERY_CANCELLED",
+    "RECOVERY_FAILED",
+    "RECOVERY_SKIPPED",
+    "RECOVERY_WARM_UP_FAILED",
+    "UNSET",
+    "Block",
+    "Outcome",
+    "Redactor",
+    "arecover",
+    "call_block",
+    "catches",
+    "clip",
+    "emit",
+    "fingerprint",
+    "is_secret_name",
+    "judge",
+    "loop_running_here",
+    "mask_fields",
+    "mask_query",
+    "on_asyncio",
+    "recover",
+    "redactor",
+    "result_view",
+    "settle",
+    "skip",
+]
+
+
+def catches(handler: Handler, exc: BaseException) -> bool:
+    """Whether ``exc`` is one ``handler`` recovers (its ``catch``; never control flow)."""
+    return isinstance(exc, Exception) and isinstance(exc, handler.settings.catch)
+
+
+def recover(handler: Handler, exc: BaseException, block: Callable[[], Block]) -> Outcome | None:
+    """Recover ``exc`` from synchronous code. ``block`` builds the unit's ``Block`` (lazily,
+    so a failure to describe it is reported on ``exc`` instead of replacing it)."""
+    return handler.recover(exc, block)
+
+
+async def arecover(
+    handler: Handler, exc: BaseException, block: Callable[[], Block]
+) -> Outcome | None:
+    """Recover ``exc`` from async code, on any anyio backend (asyncio, trio)."""
+    return await handler.arecover(exc, block)
+
+
+def settle(handler: Handler, outcome: Outcome | None, exc: BaseException) -> bool:
+    """Record the report on ``handler`` (``handler.report``) and act on the outcome.
+
+    Returns True when ``exc`` is recovered (continue; ``outcome.value`` is the unit's value);
+    False to re-raise ``exc``. Raises the agent's replacement exception, or an interrupt agent
+    code raised, chained to ``exc``.
+    """
+    return handler._settle(outcome, exc)
+
+
+def skip(handler: Handler, exc: BaseException, reason: str, **fields: Any) -> None:
+    """Record that ``exc`` is not recovered, and why, without running anything: one
+    ``recovery.skipped`` event and a note on the exception."""
+    from crashoverride._core.recovery import add_note, fingerprint
+    from crashoverride._observe import events, observers
+
+    name = handler.settings.name or fields.pop("kind", "block")
+    events.emit(
+        "warning", events.SKIPPED, reason=reason, fingerprint=fingerprint(exc),
+        exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}", handler=name, **fields,
+    )  # fmt: skip
+    add_note(exc, f"crashoverride: recovery skipped: {reason}")
+    observers.skipped(name, reason)
+
+
+def redactor(handler: Handler) -> Redactor:
+    """The redaction policy of ``handler`` (its ``is_secret`` tells secret-looking names)."""
+    return Redactor.for_settings(handler.settings)
+
+
+def emit(level: str, event: str, **fields: Any) -> None:
+    """Emit a structlog event the way the core does (a broken log pipeline never raises)."""
+    from crashoverride._observe import events
+
+    events.emit(level, event, **fields)
+
+
+def loop_running_here() -> bool:
+    """Whether an event loop (asyncio or trio) runs in the calling thread."""
+    from crashoverride._placement.bridge import loop_running_here as running
+
+    return running()
+
+
+def on_asyncio() -> bool:
+    """Whether the calling thread runs an asyncio loop."""
+    import asyncio
+
+    return asyncio.events._get_running_loop() is not None

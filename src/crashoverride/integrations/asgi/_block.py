@@ -1,0 +1,374 @@
+"""What a failed request looks like to the recovery: the ``Block``, its tools and its brief.
+
+Imported only after a request failed, so nothing here is on the happy path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sysconfig
+from collections.abc import Callable, Iterable, Mapping
+from types import FrameType, MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from crashoverride.integration import MASK, Block, clip, is_secret_name, mask_fields, mask_query
+from crashoverride.integrations.asgi._exchange import ASGIApp, CapturedResponse, Exchange, replay
+
+if TYPE_CHECKING:
+    from crashoverride.followups import TaskGroupRunner
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+IDEMPOTENT_METHODS = SAFE_METHODS | {"PUT", "DELETE"}
+
+NO_RESPONSE = (
+    "no response was produced: after repairing, `await replay_request()` to capture the "
+    "application's own response, or set one with respond(...), or call give_up(reason)"
+)
+
+
+class RequestInfo:
+    """The failed request as the agent sees it.
+
+    Secret-looking headers, query parameters and form or JSON fields are masked; the replay
+    (``replay_request``) still sends the request as it came.
+    """
+
+    __slots__ = (
+        "_exchange", "_is_secret", "client", "headers", "method", "path", "query", "scheme",
+        "secret_values",
+    )  # fmt: skip
+
+    def __init__(self, exchange: Exchange, is_secret: Callable[[str], bool] = is_secret_name):
+        scope = exchange.scope
+        self._exchange = exchange
+        self._is_secret = is_secret
+        self.method: str = scope.get("method", "GET")
+        self.path: str = scope.get("path", "")
+        query = bytes(scope.get("query_string", b"")).decode("latin-1")
+        self.query, hidden = mask_query(query, is_secret)
+        self.scheme: str = scope.get("scheme", "http")
+        client = scope.get("client")
+        self.client = f"{client[0]}:{client[1]}" if client else None
+        raw = [
+            (bytes(k).decode("latin-1"), bytes(v).decode("latin-1"))
+            for k, v in scope.get("headers", ())
+        ]
+        # Masked here, and handed to the recovery's redactor so the values are masked wherever
+        # else they show up (an echoing replay, an exception message, a log line).
+        self.secret_values = (*(value for name, value in raw if is_secret(name)), *hidden)
+        self.headers = [(name, MASK if is_secret(name) else value) for name, value in raw]
+
+    @property
+    def body(self) -> bytes | None:
+        """The body (secret-named form or JSON fields masked) when it was kept; else None."""
+        body = self._exchange.body
+        if body is None:
+            return None
+        kind = (self.header("content-type") or "").lower()
+        if kind.startswith("application/x-www-form-urlencoded"):
+            return mask_query(body.decode("latin-1"), self._is_secret)[0].encode("latin-1")
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return body
+        return json.dumps(mask_fields(data, self._is_secret)).encode()
+
+    @property
+    def replayable(self) -> bool | None:
+        return self._exchange.replayable
+
+    def header(self, name: str) -> str | None:
+        wanted = name.lower()
+        for key, value in self.headers:
+            if key.lower() == wanted:
+                return value
+        return None
+
+    def json(self) -> Any:
+        body = self.body
+        if body is None:
+            raise ValueError("the request body was not kept (see request.replayable)")
+        return json.loads(body)
+
+    @property
+    def target(self) -> str:
+        """The path and (masked) query string."""
+        return self.path + ("?" + self.query if self.query else "")
+
+    def __repr__(self) -> str:
+        body = self.body
+        shown = "not kept" if body is None else clip(body.decode("utf-8", "replace"), 300)
+        return f"<request {self.method} {self.target} body={shown!r}>"
+
+
+class RequestRecovery:
+    """Builds the ``Block`` for one failed request and holds the response the agent produced."""
+
+    def __init__(
+        self,
+        *,
+        app: ASGIApp,
+        exc: BaseException,
+        exchange: Exchange,
+        runner: TaskGroupRunner | None,
+        request_id_header: bytes | None,
+        is_secret: Callable[[str], bool] = is_secret_name,
+    ) -> None:
+        self.app = app
+        self.exchange = exchange
+        self.runner = runner
+        self.response: CapturedResponse | None = None
+        self.info = RequestInfo(exchange, is_secret)
+        self.fields = request_fields(exchange, request_id_header)
+        settle_body(exchange)
+        self.block = self._block(exc)
+
+    # -- the agent's request tools ---------------------------------------------------------
+
+    async def replay_request(self) -> CapturedResponse:
+        """Run the request again through the (repaired) app; the response becomes the answer."""
+        response = await replay(self.app, self.exchange)
+        self.response = response
+        return response
+
+    def respond(
+        self,
+        status: int,
+        body: Any = b"",
+        headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
+        media_type: str | None = None,
+    ) -> str:
+        """Set the response to send: bytes, str, or a JSON-serialisable value."""
+        self.response = build_response(status, body, headers, media_type)
+        return (
+            f"Response set: {self.response.status}, {len(self.response.body)} bytes. It is "
+            "sent when you finish."
+        )
+
+    async def replay_for_waiter(self) -> CapturedResponse:
+        """Single-flight: another request's recovery of this failure succeeded; try again."""
+        return await replay(self.app, self.exchange)
+
+    def check(self, _: Any) -> str | None:
+        return None if self.response is not None else NO_RESPONSE
+
+    def spawn_unavailable(self, fn: Any, name: str | None = None) -> str:
+        if hasattr(fn, "close"):
+            fn.close()  # a coroutine object that will never run
+        raise RuntimeError(
+            "no background runner: the server did not run this app's lifespan, so there is no "
+            "task group for work that outlives the request"
+        )
+
+    # -- the block -------------------------------------------------------------------------
+
+    def _block(self, exc: BaseException) -> Block:
+        frame = app_frame(exc)
+        endpoint = self.exchange.live_scope.get("endpoint")
+        globals_: dict[str, Any] = {}
+        if frame is not None:
+            globals_ = frame.f_globals
+        elif endpoint is not None:
+            globals_ = getattr(_unwrap(endpoint), "__globals__", None) or {}
+        runner = self.runner
+        spawn: Callable[..., str] = runner.spawn if runner is not None else self.spawn_unavailable
+        return Block(
+            kind="request",
+            frame=frame,
+            globals_=globals_,
+            # The endpoint has ended: its locals are for reading, the answer is a response.
+            caller=MappingProxyType(dict(frame.f_locals)) if frame is not None else None,
+            bindings={
+                "request": self.info,
+                "replay_request": self.replay_request,
+                "respond": self.respond,
+                "spawn_background": spawn,
+                "background": runner,
+                "endpoint": endpoint,
+            },
+            brief=self.brief(),
+            # The client chose the target (a decoded path may hold line breaks): data, not brief.
+            data={"request": f"{self.info.method} {self.info.target}"},
+            check=self.check,
+            replay=self.replay_for_waiter,
+            fields=self.fields,
+            secrets=self.info.secret_values,
+            why_cancelled=self.why_cancelled,
+        )
+
+    def why_cancelled(self) -> str | None:
+        return "the client disconnected" if self.exchange.disconnected else None
+
+    def brief(self) -> str:
+        info = self.info
+        if info.method in SAFE_METHODS:
+            method = f"{info.method} is a safe method: replaying it has no side effects to fear."
+        elif info.method in IDEMPOTENT_METHODS:
+            method = (
+                f"{info.method} is idempotent but not safe: the failed attempt may already have "
+                "changed state; replaying it should converge to the same state."
+            )
+        else:
+            method = (
+                f"{info.method} is NOT idempotent: the failed attempt may already have performed "
+                "side effects (a write, a charge, a message). Check what happened before "
+                "replaying; a replay performs them again."
+            )
+        replayable = self.exchange.replayable
+        limit = self.exchange.limit
+        if replayable is False:
+            body = (
+                "The request body is NOT replayable (larger than max_replay_body = "
+                f"{limit} bytes, of unknown length, or the client stopped sending it): "
+                "replay_request() will fail; answer with respond(...) or give up."
+            )
+        elif replayable is None:
+            body = (
+                "The app had not read the whole request body; it is being read now and will be "
+                f"replayable if it fits in max_replay_body = {limit} bytes."
+            )
+        else:
+            size = self.exchange.size
+            body = f"The request body ({size} bytes) is kept: the request is replayable."
+        return f"""\
+This block is the HTTP request shown above, in an ASGI application. It raised before
+any part of the response was sent. Execution does not resume inside the endpoint: the client
+receives the response you produce, or the application's normal 500 error if you produce none.
+`request` describes it (method, path, query, headers with secrets masked, body, json()).
+{method}
+{body}
+Postcondition: a trustworthy response was produced, in one of two ways:
+- Repair the code first (patch the failing function in its module, e.g. with a `global`
+  statement or setattr on the module, so later requests work too), then
+  `r = await replay_request()`: the request runs again through the application and its
+  response is captured, not sent (r.status, r.headers, r.text, r.json()). The last successful
+  replay is what the client receives; check it is right.
+- `respond(status, body, headers=None, media_type=None)` sets the response directly (body:
+  bytes, str, or a JSON-serialisable value). Only with data from a real source, or an honest
+  error status (e.g. 503); never invent content.
+`spawn_background(async_fn)` runs follow-up work after the response, in the app's lifespan.
+If no trustworthy response is possible, call give_up(reason)."""
+
+
+def request_fields(exchange: Exchange, request_id_header: bytes | None) -> dict[str, Any]:
+    """Request context for every event of a recovery: method, path, request id if sent."""
+    scope = exchange.scope
+    fields: dict[str, Any] = {"method": scope.get("method", ""), "path": scope.get("path", "")}
+    if request_id_header is not None:
+        for key, value in scope.get("headers", ()):
+            if bytes(key).lower() == request_id_header:
+                fields["request_id"] = bytes(value).decode("latin-1")
+                break
+    return fields
+
+
+def settle_body(exchange: Exchange) -> None:
+    """Decide from the headers what the app's unread body means for replaying it.
+
+    Only a body the request declared (``content-length`` > 0, or chunked), or one the app began
+    to read, is read after a failure, and only if it fits in the replay buffer.
+    """
+    if exchange.complete or exchange.chunks is None:
+        return
+    if exchange.size:
+        exchange.declared = True  # the app began reading it: the rest is still to come
+        return
+    length: int | None = None
+    chunked = False
+    for key, value in exchange.scope.get("headers", ()):
+        name = bytes(key).lower()
+        if name == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                length = -1
+        elif name == b"transfer-encoding":
+            chunked = True
+    if chunked or (length is not None and length > 0):
+        exchange.declared = True
+        if length is not None and length > exchange.limit:
+            exchange.chunks = None  # known in advance: too large to keep, so never read
+    elif length == 0 or (
+        length is None
+        and (
+            str(exchange.scope.get("http_version", "1.1")).startswith("1")
+            or exchange.scope.get("method", "GET") in SAFE_METHODS
+        )
+    ):
+        # HTTP/1.x frames every body with one of those headers: this request has none. HTTP/2
+        # and 3 may stream one without a length; a safe method has no body to speak of.
+        exchange.complete = True
+    else:
+        exchange.chunks = None  # a body of unknown length nobody read: not replayable
+
+
+def build_response(
+    status: int,
+    body: Any,
+    headers: Mapping[str, str] | Iterable[tuple[str, str]] | None,
+    media_type: str | None,
+) -> CapturedResponse:
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        raise ValueError(f"status must be an int between 100 and 599, got {status!r}")
+    if isinstance(body, bytes | bytearray | memoryview):
+        payload, default_type = bytes(body), "application/octet-stream"
+    elif isinstance(body, str):
+        payload, default_type = body.encode("utf-8"), "text/plain; charset=utf-8"
+    else:
+        payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        default_type = "application/json"
+    pairs = list(headers.items() if isinstance(headers, Mapping) else headers or ())
+    raw: list[tuple[bytes, bytes]] = []
+    has_type = media_type is not None
+    for name, value in pairs:
+        lowered = str(name).lower()
+        if lowered == "content-length":
+            continue  # computed below from the actual body
+        has_type = has_type or lowered == "content-type"
+        raw.append((lowered.encode("latin-1"), str(value).encode("latin-1")))
+    if not has_type or media_type is not None:
+        raw.append((b"content-type", (media_type or default_type).encode("latin-1")))
+    raw.append((b"content-length", str(len(payload)).encode("latin-1")))
+    return CapturedResponse(status, raw, payload, "respond()")
+
+
+def _library_dirs() -> tuple[str, ...]:
+    # String operations only (no realpath, no abspath): this runs on the event loop, and a
+    # filesystem call there blocks every other request.
+    paths = sysconfig.get_paths()
+    dirs = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    import crashoverride
+
+    dirs.add(os.path.dirname(__file__))
+    dirs.add(os.path.dirname(crashoverride.__file__ or ""))
+    return tuple(os.path.join(os.path.normpath(d), "") for d in dirs if os.path.isabs(d))
+
+
+_LIBRARY_DIRS: tuple[str, ...] | None = None
+
+
+def app_frame(exc: BaseException) -> FrameType | None:
+    """The innermost traceback frame in application code (not the stdlib, a package, or us)."""
+    global _LIBRARY_DIRS
+    if _LIBRARY_DIRS is None:
+        _LIBRARY_DIRS = _library_dirs()
+    chosen: FrameType | None = None
+    innermost: FrameType | None = None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        innermost = frame
+        filename = frame.f_code.co_filename
+        if not filename.startswith("<") and not os.path.normpath(filename).startswith(
+            _LIBRARY_DIRS
+        ):
+            chosen = frame
+        tb = tb.tb_next
+    return chosen if chosen is not None else innermost
+
+
+def _unwrap(func: Any) -> Any:
+    while hasattr(func, "__wrapped__"):
+        func = func.__wrapped__
+    return func

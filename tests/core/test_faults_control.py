@@ -1,0 +1,406 @@
+"""Fault suite, control flow: cancellation, interrupts, exits, stuck agents, our own bugs.
+
+Decisions under test:
+- Cancelling the task that owns a recovery cancels the recovery: the caller's cancellation
+  propagates at once and no agent task or thread is left running.
+- KeyboardInterrupt during a recovery propagates, whoever raises it (Ctrl-C, an application
+  tool, agent code): an interrupt means "stop now", and code cannot tell a real one apart.
+- Agent code calling ``sys.exit()`` ends the recovery as failed; the process goes on.
+- Agent code or tools stuck in an await, or in a blocking call off the owner's thread, are
+  contained by the recovery's timeout (the owner stops waiting at the deadline).
+- A bug inside crashoverride never replaces the user's exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import anyio
+import pytest
+from agents.testing import ModelStep, function_call
+
+from crashoverride import CrashOverride
+from crashoverride.testing import MockServer, done, exec_python, hang
+from tests.helpers import done_step, exec_step, give_up_step, scripted
+
+
+def fail() -> None:
+    raise KeyError("article_text")
+
+
+async def _hang(_: Any) -> Any:
+    await asyncio.sleep(3600)
+
+
+def agent_threads() -> list[threading.Thread]:
+    return [
+        t
+        for t in threading.enumerate()
+        if t.name.startswith(("crashoverride-agent", "crashoverride-tool"))
+    ]
+
+
+def wait_for_no_agent_threads(seconds: float = 2.0) -> None:
+    deadline = time.monotonic() + seconds
+    while agent_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not agent_threads()
+
+
+def running_tasks() -> set[asyncio.Task[Any]]:
+    try:
+        return {t for t in asyncio.all_tasks() if not t.done()}
+    except RuntimeError:  # trio: the agent loop lives in a thread, checked above
+        return set()
+
+
+async def no_agent_left(before: set[asyncio.Task[Any]]) -> None:
+    with anyio.fail_after(2):
+        # Polled: threads and tasks end on their own; nothing here could signal an Event.
+        while agent_threads():  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+        # Cancelled tasks need a few loop iterations to finish.
+        while running_tasks() - before:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
+# -- cancellation ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stuck", ["model thinking", "model endpoint hanging", "agent code"])
+async def test_cancelling_the_owner_mid_recovery_propagates_and_leaves_nothing(
+    anyio_backend: str, stuck: str
+) -> None:
+    good = [exec_python("caller['article'] = 'ok'"), done()]
+    async with MockServer([hang(), *good] if stuck == "model endpoint hanging" else []) as srv:
+        if stuck == "model thinking":
+            model = scripted()
+            model.enqueue(ModelStep.respond(_hang))
+            model.enqueue(exec_step("caller['article'] = 'ok'"))
+            model.enqueue(done_step())
+            co = CrashOverride(model=model, timeout=30)
+        elif stuck == "agent code":
+            model = scripted(
+                exec_step("import anyio\nawait anyio.sleep(3600)"),
+                exec_step("caller['article'] = 'ok'"),
+                done_step(),
+            )
+            co = CrashOverride(model=model, timeout=30)
+        else:
+            co = srv.crash_override(timeout=30)
+        before = running_tasks()
+        began = time.monotonic()
+        with anyio.move_on_after(0.3) as scope:
+            async with co.handler():
+                fail()
+        assert scope.cancelled_caught
+        assert time.monotonic() - began < 0.3 + 0.5
+        await no_agent_left(before)
+        # The slot and the single-flight entry were handed on: the same failure recovers.
+        article = None
+        async with co.handler():
+            fail()
+        assert article == "ok"
+
+
+# -- KeyboardInterrupt -------------------------------------------------------------------------
+
+
+def test_ctrl_c_during_a_sync_recovery_propagates_at_once() -> None:
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    model = scripted()
+    model.enqueue(ModelStep.respond(_hang))
+    co = CrashOverride(model=model, timeout=30)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt) as info:
+        timer.start()
+        with co.handler():
+            fail()
+    timer.join()
+    assert time.monotonic() - began < 1.0
+    chain, link = [], info.value.__context__
+    while link is not None:
+        chain.append(link)
+        link = link.__context__
+    assert any(isinstance(e, KeyError) for e in chain)  # the user's failure stays visible
+    wait_for_no_agent_threads()
+
+
+INTERRUPT_SCRIPT = """
+import sys, threading, time
+
+import anyio
+from agents.testing import function_call
+from crashoverride import CrashOverride
+from tests.helpers import done_step, exec_step, scripted
+
+placement, source = sys.argv[1], sys.argv[2]
+
+
+def ask_operator() -> str:
+    \"\"\"Ask the on-call operator for the missing value (interactive).\"\"\"
+    raise KeyboardInterrupt  # the operator pressed Ctrl-C at the prompt
+
+
+step = ([function_call("ask_operator", "{}", call_id="op1")] if source == "tool"
+        else exec_step("raise KeyboardInterrupt"))
+model = scripted(step, done_step())
+co = CrashOverride(model=model, tools=[ask_operator], timeout=10)
+
+
+def sync_block():
+    with co.handler():
+        raise KeyError("article_text")
+
+
+async def async_block():
+    if placement == "blocked-owner":
+        sync_block()  # sync code called from async code
+        return
+    async with co.handler():
+        raise KeyError("article_text")
+
+
+began = time.monotonic()
+try:
+    if placement == "temporary-loop":
+        sync_block()
+    else:
+        anyio.run(async_block, backend="trio" if placement == "trio" else "asyncio")
+except KeyboardInterrupt:
+    took = time.monotonic() - began
+    deadline = time.monotonic() + 2
+    while any(t.name == "crashoverride-agent" for t in threading.enumerate()):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    agents = sum(t.name == "crashoverride-agent" for t in threading.enumerate())
+    print("propagated", model.remaining_steps, agents, round(took, 3))
+"""
+
+
+@pytest.mark.parametrize("source", ["tool", "code"])
+@pytest.mark.parametrize("placement", ["temporary-loop", "asyncio", "trio", "blocked-owner"])
+def test_keyboard_interrupt_inside_a_recovery_propagates(source: str, placement: str) -> None:
+    """An interrupt from an application tool or from agent code propagates at once.
+
+    Each case runs in its own interpreter: on CPython 3.11.7 a KeyboardInterrupt unwinding
+    through the Agents SDK's tool machinery under pytest leaves the interpreter's C recursion
+    counter off, and a later ``ast.parse`` in that process fails with "AST constructor recursion
+    depth mismatch" (reproduced with the SDK alone, without crashoverride; not on 3.12/3.13).
+    """
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPT_SCRIPT, placement, source],
+        capture_output=True, text=True, timeout=60, cwd=root,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("propagated ")]
+    assert len(lines) == 1, done.stdout + done.stderr
+    words = lines[0].split()
+    remaining, agent_threads_left, took = int(words[1]), int(words[2]), float(words[3])
+    assert remaining == 1  # nothing ran after the interrupt
+    assert agent_threads_left == 0
+    assert took < 2.0
+
+
+# -- sys.exit, stuck agents ----------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("code", ["import sys; sys.exit(3)", "await anyio.sleep(0); sys.exit(3)"])
+async def test_agent_sys_exit_ends_the_recovery_as_failed(anyio_backend: str, code: str) -> None:
+    model = scripted(exec_step("import anyio, sys\n" + code.replace("import sys; ", "")))
+    model.enqueue(done_step())
+    co = CrashOverride(model=model)
+    with pytest.raises(KeyError) as info:
+        async with co.handler():
+            fail()
+    assert any("failed" in n and "sys.exit(3)" in n for n in info.value.__notes__)
+    assert model.remaining_steps == 1  # the run stopped at the exit; the process did not
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import anyio\nawait anyio.Event().wait()",  # waits for something that never comes
+        "import anyio\nwhile True:\n    await anyio.sleep(0.01)",  # runs forever, politely
+    ],
+)
+async def test_agent_code_stuck_in_an_await_is_contained_by_the_timeout(
+    anyio_backend: str, code: str
+) -> None:
+    co = CrashOverride(model=scripted(exec_step(code), done_step()), timeout=0.5)
+    before = running_tasks()
+    began = time.monotonic()
+    with pytest.raises(KeyError) as info:
+        async with co.handler():
+            fail()
+    assert time.monotonic() - began <= 0.5 + 1.0
+    assert any("timed out after 0.5s" in n for n in info.value.__notes__)
+    await no_agent_left(before)
+
+
+def test_sync_agent_code_stuck_in_an_await_is_contained_by_the_timeout() -> None:
+    co = CrashOverride(model=scripted(exec_step("await asyncio.Event().wait()")), timeout=0.5)
+    began = time.monotonic()
+    with pytest.raises(KeyError) as info, co.handler():
+        fail()
+    assert time.monotonic() - began <= 0.5 + 1.0
+    assert any("timed out after 0.5s" in n for n in info.value.__notes__)
+
+
+RELEASE = threading.Event()
+
+
+def lookup_inventory() -> str:
+    """Look up the inventory (a sync tool stuck on a lock nobody releases)."""
+    RELEASE.wait(10)
+    return "released"
+
+
+@pytest.mark.parametrize("placement", ["temporary-loop", "asyncio", "trio", "blocked-owner"])
+def test_a_deadlocked_sync_tool_is_left_behind_at_the_deadline(placement: str) -> None:
+    RELEASE.clear()
+    step = [function_call("lookup_inventory", "{}", call_id="inv1")]
+    co = CrashOverride(model=scripted(step, done_step()), tools=[lookup_inventory], timeout=0.5)
+    took: list[float] = []
+
+    def sync_block() -> None:
+        began = time.monotonic()
+        try:
+            with co.handler():
+                fail()
+        finally:
+            took.append(time.monotonic() - began)
+
+    async def async_block() -> None:
+        if placement == "blocked-owner":
+            sync_block()
+            return
+        began = time.monotonic()
+        try:
+            async with co.handler():
+                fail()
+        finally:
+            took.append(time.monotonic() - began)
+
+    try:
+        with pytest.raises(KeyError) as info:
+            if placement == "temporary-loop":
+                sync_block()
+            else:
+                anyio.run(async_block, backend="trio" if placement == "trio" else "asyncio")
+        assert took[0] <= 0.5 + 1.0
+        assert any("timed out after 0.5s" in n for n in info.value.__notes__)
+    finally:
+        RELEASE.set()  # let the abandoned tool thread end
+    wait_for_no_agent_threads()
+
+
+# -- bugs inside crashoverride -------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("where", ["report building", "event logging", "context binding"])
+async def test_an_internal_bug_never_replaces_the_users_exception(
+    anyio_backend: str, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crashoverride._core import recovery
+    from crashoverride._observe import events
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError(f"bug in {where}")
+
+    if where == "report building":
+        monkeypatch.setattr(recovery.Recovery, "_report", broken)
+    elif where == "event logging":
+        import structlog
+
+        monkeypatch.setattr(structlog, "get_logger", broken)
+    else:
+        monkeypatch.setattr(events, "bound", broken)
+    co = CrashOverride(model=scripted(give_up_step("no")))
+    original = KeyError("mine")
+    with pytest.raises(KeyError) as info:
+        async with co.handler():
+            raise original
+    assert info.value is original
+    if where == "event logging":  # contained where it happens: the recovery still concludes
+        assert any("gave up" in n for n in info.value.__notes__)
+    else:
+        assert any("internal error" in n and f"bug in {where}" in n for n in info.value.__notes__)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("delay", [0.0, 0.001, 0.003, 0.01, 0.03])
+@pytest.mark.parametrize("stuck", ["model thinking", "agent code"])
+async def test_a_cancelled_recovery_leaves_no_coroutine_unawaited(
+    anyio_backend: str, stuck: str, delay: float
+) -> None:
+    # Defect 22: the SDK's turn coroutine, cancelled with the recovery at any point, must still
+    # be awaited; otherwise "coroutine ... was never awaited" surfaces later, in other code.
+    model = scripted()
+    if stuck == "model thinking":
+        model.enqueue(ModelStep.respond(_hang))
+    else:
+        model.enqueue(exec_step("import anyio\nawait anyio.sleep(3600)"))
+    co = CrashOverride(model=model, timeout=30)
+    unraisable: list[str] = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda info: unraisable.append(f"{info.exc_value!r} {info.object!r}")
+    try:
+        before = running_tasks()
+        raised: KeyError | None = None
+        with anyio.move_on_after(delay) as scope:
+            try:
+                async with co.handler():
+                    fail()
+            except KeyError as exc:  # failed with the cancellation already due: no recovery
+                raised = exc
+        assert scope.cancelled_caught or raised is not None
+        await no_agent_left(before)
+        for _ in range(3):
+            gc.collect()
+            await anyio.sleep(0.01)
+    finally:
+        sys.unraisablehook = previous
+    assert unraisable == []
+
+
+def test_a_first_failure_cancelled_while_loading_leaves_nothing_behind() -> None:
+    # The first failure of a fresh process loads the recovery modules in a thread; cancelled
+    # at once and the loop closed before that thread ends, nothing may fail or leak later.
+    script = (
+        "import asyncio, threading, anyio\n"
+        "from crashoverride import CrashOverride\n"
+        "co = CrashOverride(model='m', api_key='sk-test', timeout=5)\n"
+        "async def main():\n"
+        "    with anyio.move_on_after(0) as scope:\n"
+        "        async with co.handler():\n"
+        "            raise LookupError('x')\n"
+        "    assert scope.cancelled_caught\n"
+        "asyncio.run(main())\n"
+        "for t in threading.enumerate():\n"
+        "    if t.name.startswith('crashoverride'):\n"
+        "        t.join(60)\n"
+        "print('clean exit')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "clean exit\n", "")

@@ -1,0 +1,304 @@
+"""Follow-up jobs: requested by the agent or declared, run off the critical path, supervised."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from agents.testing import function_call
+from structlog.testing import capture_logs
+
+from crashoverride import ConfigurationError, CrashOverride
+from crashoverride.followups import (
+    FollowupJob,
+    SubprocessRunner,
+    TaskGroupRunner,
+    ThreadRunner,
+    render_report,
+    using,
+)
+from tests.helpers import done_step, exec_step, give_up_step, scripted
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _events(logs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(e["event"], e.get("origin", "")) for e in logs if e["event"].startswith("followup.")]
+
+
+def _inputs(model: Any) -> str:
+    return "\n".join(str(call.input) for call in model.calls)
+
+
+def test_agent_and_handler_followups_run_in_a_supervised_thread() -> None:
+    model = scripted(
+        [
+            function_call(
+                "spawn_followup", {"objective": "write a patch", "context": "saw X"}, call_id="s1"
+            )
+        ],
+        exec_step("spawn_followup('open a ticket')\nset_result(7)"),
+        done_step("returned 7 after a key rename"),
+        exec_step("print(objective)"),
+        done_step("first follow-up done"),
+        exec_step("print(objective)"),
+        done_step("second follow-up done"),
+        exec_step("print(objective)"),
+        done_step("third follow-up done"),
+    )
+    runner = ThreadRunner(grace=10)
+    # One job at a time: the scripted model is shared, so runs must not interleave.
+    co = CrashOverride(model=model, followup_runner=_Serial(runner))
+
+    @co.handler("Return the count.", followup="alert the on-call")
+    def count() -> int:
+        raise KeyError("count")
+
+    with capture_logs() as logs:
+        assert count() == 7
+        assert runner.join(10) == []
+    events = _events(logs)
+    assert events.count(("followup.submitted", "handler")) == 1
+    assert events.count(("followup.submitted", "agent")) == 2
+    assert [e for e, _ in events].count("followup.succeeded") == 3
+    ids = {e["followup_id"] for e in logs if e["event"] == "followup.succeeded"}
+    assert len(ids) == 3 and all(i.startswith("fu_") for i in ids)
+    # Each follow-up agent received the report: traceback, executed code and diagnosis.
+    text = _inputs(model)
+    for piece in ("KeyError", "open a ticket", "returned 7 after a key rename",
+                  "saw X", "alert the on-call"):  # fmt: skip
+        assert piece in text
+
+
+class _Serial:
+    """A runner that runs each job to its end before accepting the next (shared model)."""
+
+    def __init__(self, inner: ThreadRunner) -> None:
+        self.inner = inner
+
+    def submit(self, fn: Any, *, name: str) -> str:
+        self.inner.join(10)
+        tracked = self.inner.submit(fn, name=name)
+        self.inner.join(10)
+        return tracked
+
+
+def test_failed_followup_and_refused_submission_do_not_disturb_the_recovery() -> None:
+    class Refusing:
+        def submit(self, fn: Any, *, name: str) -> str:
+            raise RuntimeError("queue full")
+
+    model = scripted(exec_step("caller['value'] = 1"), done_step())
+    co = CrashOverride(model=model, followup_runner=Refusing(), followups=["open a ticket"])
+    with capture_logs() as logs:
+        with co.handler():
+            value = int("x")
+    assert value == 1
+    failed = [e for e in logs if e["event"] == "followup.failed"]
+    assert len(failed) == 1 and "queue full" in failed[0]["reason"]
+
+    model = scripted(exec_step("caller['value'] = 2"), done_step(), give_up_step("no tracker"))
+    runner = ThreadRunner()
+    co = CrashOverride(model=model, followup_runner=runner, followups=["open a ticket"])
+    with capture_logs() as logs:
+        with co.handler():
+            value = int("y")
+        assert runner.join(10) == []
+    assert value == 2
+    failed = [e for e in logs if e["event"] == "followup.failed"]
+    assert len(failed) == 1 and "gave up: no tracker" in failed[0]["reason"]
+
+
+def test_no_declared_followup_without_an_agent_run() -> None:
+    model = scripted(give_up_step("no"))
+    runner = ThreadRunner()
+    co = CrashOverride(model=model, followup_runner=runner, followups=["ticket"],
+                       breaker_threshold=1)  # fmt: skip
+    with capture_logs() as logs:
+        for _ in range(2):  # the second failure is skipped: the breaker opened
+            with pytest.raises(ValueError), co.handler():
+                int("z")
+        runner.join(10)
+    # The failed recovery ran an agent: its follow-up ran (and failed: no steps left).
+    assert [e["event"] for e in logs if e["event"] == "followup.submitted"] == [
+        "followup.submitted"
+    ]
+
+
+@pytest.mark.anyio
+async def test_task_group_runner_awaits_followups_on_exit(anyio_backend: str) -> None:
+    model = scripted(
+        exec_step("caller['page'] = 'ok'"),
+        done_step(),
+        exec_step("await __import__('anyio').sleep(0.2)\nprint('patched')"),
+        done_step("patch written"),
+    )
+    co = CrashOverride(model=model, followups=["write the permanent fix"])
+    with capture_logs() as logs:
+        async with TaskGroupRunner(grace=20) as runner:
+            async with co.handler():
+                page = {}["missing"]
+            assert page == "ok"
+            assert len(runner.running) == 1  # outlives the block that spawned it
+        assert runner.running == []
+    assert [e for e, _ in _events(logs)] == [
+        "followup.submitted",
+        "followup.started",
+        "followup.tool_called",
+        "followup.succeeded",
+    ]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_task_group_runner_cuts_off_after_grace(anyio_backend: str) -> None:
+    model = scripted(
+        exec_step("caller['page'] = 'ok'"),
+        done_step(),
+        exec_step("await __import__('anyio').sleep(60)"),
+    )
+    co = CrashOverride(model=model, followups=["investigate deeper"])
+    began = time.monotonic()
+    with capture_logs() as logs:
+        async with TaskGroupRunner(grace=0.5):
+            async with co.handler():
+                page = {}["missing"]
+            assert page == "ok"
+            with anyio.fail_after(10):
+                while not model.calls[2:]:  # noqa: ASYNC110 - polling the shared model's log
+                    await anyio.sleep(0.01)
+    assert time.monotonic() - began < 10
+    failed = [e for e in logs if e["event"] == "followup.failed"]
+    assert len(failed) == 1 and failed[0]["cut_off"] is True
+
+
+@pytest.mark.anyio
+async def test_using_makes_a_runner_current(anyio_backend: str) -> None:
+    model = scripted(exec_step("caller['x'] = 1"), done_step(), done_step("noted"))
+    co = CrashOverride(model=model, followups=["note it"])
+    submitted: list[str] = []
+
+    class Recording:
+        def submit_job(self, job: FollowupJob) -> str:
+            submitted.append(job.objective)
+            return job.id
+
+    with using(Recording()):
+        async with co.handler():
+            x = 1 // 0
+    assert (x, submitted) == (1, ["note it"])
+
+
+SCRIPT = """
+import sys
+from agents.testing import ScriptedModel, assistant_message, function_call
+from crashoverride import CrashOverride
+from crashoverride.followups import ThreadRunner
+
+mode, grace = sys.argv[1], float(sys.argv[2])
+# The job outlives the main code either way: only the exit hook decides how it ends.
+work = f"import time; time.sleep({60 if mode == 'cutoff' else 1})"
+model = ScriptedModel([
+    [function_call("exec_python", {"statements": "caller['x'] = 1"}, call_id="a")],
+    [assistant_message("set x")],
+    [function_call("exec_python", {"statements": work}, call_id="b")],
+    [assistant_message("ticket done")],
+])
+co = CrashOverride(model=model, followup_runner=ThreadRunner(grace=grace))
+with co.handler("Leave x set.", followup="write the ticket"):
+    x = 1 / 0
+sys.stdout.write(f"script end {x}\\n")  # one write: log lines from the job thread interleave
+sys.stdout.flush()
+"""
+
+
+@pytest.mark.parametrize(("mode", "grace"), [("finish", 20.0), ("cutoff", 0.5)])
+def test_sync_script_followup_finishes_or_is_reported_cut_off(
+    tmp_path: Path, mode: str, grace: float
+) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, str(script), mode, str(grace)], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "script end 1" in out
+    tail = out[out.index("script end") :]
+    if mode == "finish":
+        assert "followup.succeeded" in tail and "followup.failed" not in out
+    else:
+        assert "followup.failed" in tail and "cut_off" in tail and "cut off" in tail
+        assert "followup.succeeded" not in out
+        assert time.monotonic() - began < 30  # bounded grace, not the job's 60 s
+
+
+FOLLOWUP_APP = """
+from agents.testing import ScriptedModel, assistant_message, function_call
+from crashoverride import CrashOverride
+
+statements = "open(MARKER, 'w').write(objective + '|' + report.exc_type)"
+co = CrashOverride(model=ScriptedModel([
+    [function_call("exec_python", {"statements": statements}, call_id="a")],
+    [assistant_message("marker written")],
+]))
+"""
+
+
+def test_subprocess_runner_runs_the_job_in_a_detached_process(tmp_path: Path) -> None:
+    marker = tmp_path / "marker.txt"
+    (tmp_path / "fu_app.py").write_text(FOLLOWUP_APP.replace("MARKER", repr(str(marker))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+           "NO_COLOR": "1"}  # fmt: skip
+    log = tmp_path / "followup.log"
+    runner = SubprocessRunner("fu_app:co", log_path=log, env=env)
+    model = scripted(exec_step("caller['v'] = 3"), done_step("v set"))
+    co = CrashOverride(model=model, followup_runner=runner, followups=["file the ticket"])
+    with co.handler():
+        v = int("three")
+    assert v == 3
+    codes = runner.join(60)
+    assert list(codes.values()) == [0], log.read_text()
+    assert marker.read_text() == "file the ticket|builtins.ValueError"
+    text = log.read_text()
+    assert "followup.started" in text and "followup.succeeded" in text
+
+
+def test_job_payload_round_trip_and_report_text() -> None:
+    model = scripted(exec_step("caller['n'] = 5"), done_step("parsed by hand"))
+    seen: list[FollowupJob] = []
+
+    class Keep:
+        def submit_job(self, job: FollowupJob) -> str:
+            seen.append(job)
+            return job.id
+
+    co = CrashOverride(model=model, followup_runner=Keep(), followups="keep it")
+    with co.handler():
+        n = int("five")
+    assert n == 5
+    (job,) = seen
+    again = FollowupJob.from_payload(json.loads(json.dumps(job.to_payload())))
+    assert again == job
+    text = render_report(job.report)
+    assert "invalid literal for int()" in text and "caller['n'] = 5" in text
+    assert "parsed by hand" in text
+
+
+def test_settings_are_validated_eagerly() -> None:
+    with pytest.raises(ConfigurationError):
+        CrashOverride(followup_runner=object())
+    with pytest.raises(ConfigurationError):
+        CrashOverride(followups=[""])
+    with pytest.raises(ConfigurationError):
+        CrashOverride().handler(followup=3)  # type: ignore[arg-type]
+    handler = CrashOverride(followups=["a"]).handler(followup="b", followups=["a", "c"])
+    assert set(handler.settings.followups) == {"a", "b", "c"}
