@@ -18,7 +18,7 @@ import pytest
 import redis
 from structlog.testing import capture_logs
 
-from crashoverride import ConfigurationError, CrashOverride, RedisCoordination
+from crashoverride import ApprovalRequest, ConfigurationError, CrashOverride, RedisCoordination
 from crashoverride._admission.coordination import InProcess
 from tests.e2e.test_import import _run as run_python
 from tests.fleet.support import (
@@ -576,6 +576,47 @@ async def test_eager_processes_apply_published_fixes_without_failing(url: str) -
     assert transform(3) == 21  # never failed here: the fix arrived
     (applied,) = events(logs, "fleet.fix_applied")
     assert (applied["fix_record"], applied["fleet_role"]) == (record_id, "eager")
+
+
+@pytest.mark.anyio
+async def test_an_eager_process_takes_each_record_once(url: str) -> None:
+    # A record announced while the subscriber reads the index arrives twice (index and
+    # channel); so does one announced again. Either way it is judged and applied once.
+    asked: list[str] = []
+
+    def approve(request: ApprovalRequest) -> bool:
+        asked.append(str(request))
+        return False  # refused: a refused record is not offered again either
+
+    eager = CrashOverride(model=scripted(), timeout=20, approve=approve,
+                          coordination=fleet(url, apply_fixes="eager"))  # fmt: skip
+    with capture_logs() as logs:
+        await eager.awarm_up()
+        await await_for(lambda: _subscribers(url) == 1)
+        source = "def transform(value):\n    return value * 7\n"
+        await anyio.to_thread.run_sync(_publish_by_hand, url, source)
+        await anyio.to_thread.run_sync(_announce_again, url)
+        with anyio.fail_after(10):
+            await await_for(lambda: events(logs, "fleet.fix_refused"))
+        await anyio.sleep(0.5)  # the second announcement has arrived by now
+    close_fleet(eager)
+    assert len(asked) == 1, asked
+    assert len(events(logs, "fleet.fix_refused")) == 1
+
+
+def _announce_again(url: str) -> None:
+    import asyncio
+
+    from crashoverride._fleet.eager import announce
+
+    async def again() -> None:
+        import redis.asyncio
+
+        client = redis.asyncio.Redis.from_url(url)
+        await announce(client, fleet(url), ns_keys("{elsewhere}:fix"))
+        await client.aclose()
+
+    asyncio.run(again())
 
 
 def test_an_eager_process_started_later_catches_up(url: str) -> None:

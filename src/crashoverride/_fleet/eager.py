@@ -12,7 +12,9 @@ forked child starts its own. Redis going away only pauses it (``retry_after``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -44,6 +46,10 @@ class Eager:
         self.option = link.option
         self.approve = approve
         self._pid = 0
+        # Records already judged here, applied or refused: a record announced while the
+        # index is read arrives twice (index and channel), and one announced again must not
+        # be asked about again. Bounded like the index itself.
+        self._taken: OrderedDict[bytes, None] = OrderedDict()
 
     def start(self) -> None:
         """Start listening in this process, once (cheap to call on every failure)."""
@@ -59,11 +65,11 @@ class Eager:
             try:
                 await pubsub.subscribe(index)
                 for name in await client.zrange(index, 0, -1):
-                    await self._take(await client.get(name))
+                    await self._once(client, name)
                 while True:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=30)
                     if message is not None:
-                        await self._take(await client.get(message["data"]))
+                        await self._once(client, message["data"])
             except Exception as problem:  # Redis went away: pause, then subscribe again
                 events.emit("warning", events.COORDINATION_DEGRADED, fleet_role="eager",
                           reason=f"{type(problem).__name__}: {problem}"[:300],
@@ -75,6 +81,20 @@ class Eager:
                 except Exception:  # a dead connection: nothing left to close cleanly
                     pass
             await asyncio.sleep(self.option.retry_after)
+
+    async def _once(self, client: Any, name: bytes) -> None:
+        stored = await client.get(name)
+        if stored is None:
+            return
+        # By content, not key: a later record for the same failure is stored under the same
+        # key, and it is a new record to judge.
+        seen = hashlib.sha256(stored).digest()
+        if seen in self._taken:
+            return
+        self._taken[seen] = None
+        while len(self._taken) > _MAX_INDEXED:
+            self._taken.popitem(last=False)
+        await self._take(stored)
 
     async def _take(self, stored: bytes | None) -> None:
         key = self.option.key
