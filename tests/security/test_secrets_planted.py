@@ -182,6 +182,113 @@ def test_planted_secrets_never_leave(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         assert visible in sent
 
 
+RECOVERING_AGENT = [
+    exec_python("import os\ndict(os.environ)"),
+    eval_python("[cfg, label, access, session, signing, tenant]"),
+    eval_python("(config, db, account, holder, headers, more)"),
+    eval_python("str(error)"),
+    exec_python("caller['stored'] = True"),
+    done("stored the upload"),
+]
+
+
+def recovered_block(co: CrashOverride) -> None:
+    # As ``failing_block``, but the agent recovers: crashoverride itself reports it to Sentry.
+    cfg = f"token={GITHUB}"
+    label = OPENAI
+    access = AWS_ID
+    session = JWT
+    signing = PEM
+    tenant = TENANT_PIN
+    config = {"db": {"db_password": DICT_PASSWORD}, "region": "eu-west-1"}
+    db = Database("db.internal", DATACLASS_PASSWORD)
+    account = Account(user="ada", api_key=PYDANTIC_KEY)
+    holder = Holder()
+    headers = {"Authorization": f"Bearer {BEARER}", "X-Other": f"Basic {BASIC_USER_PASSWORD}"}
+    more = [GITLAB, GOOGLE, SLACK_BOT, STRIPE]
+    stored = False
+    with co.handler(prompt="Store the upload."):
+        raise ValueError(f"upstream rejected key {ANTHROPIC} for {tenant} ({cfg}, {label})")
+    assert stored
+    del cfg, label, access, session, signing, tenant, config, db, account, holder, headers, more
+
+
+def _telemetry() -> Any:
+    from tests.observe import test_otel
+
+    if test_otel._telemetry is None:  # the global providers can be set once per process
+        test_otel._telemetry = test_otel.Telemetry()
+    return test_otel._telemetry
+
+
+def _exported(spans: list[Any]) -> str:
+    """Every text OpenTelemetry was handed: names, attributes, events, statuses."""
+    return json.dumps(
+        [
+            [span.name, dict(span.attributes), span.status.description]
+            + [[event.name, dict(event.attributes)] for event in span.events]
+            for span in spans
+        ],
+        default=str,
+    )
+
+
+def test_planted_secrets_never_reach_sentry_otel_the_ledger_or_show(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sentry_sdk
+
+    from crashoverride import JsonLinesLedger
+    from crashoverride._cli.main import main
+    from tests.observe.test_sentry import Sent, _init
+
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://app:{ENV_DB_PASSWORD}@db:5432/app")
+    monkeypatch.setenv("GH_PAT", GH_PAT)
+    telemetry = _telemetry()
+    ledger = tmp_path / "ledger.jsonl"
+    reports: list[Any] = []
+    write = JsonLinesLedger(ledger)
+    sent = Sent()
+    _init(sent, default_integrations=False)
+    try:
+        with MockServer(RECOVERING_AGENT) as model:
+            co = model.crash_override(
+                api_key=API_KEY,
+                on_recovery=lambda report: (reports.append(report), write(report)),
+                redaction=Redaction(values=[TENANT_PIN]),
+            )
+            with sentry_sdk.isolation_scope() as scope:
+                scope.set_extra("upload", f"for {TENANT_PIN} with {GITHUB}")
+                recovered_block(co)
+            model.assert_complete()
+    finally:
+        sentry_sdk.get_global_scope().set_client(None)
+    [report] = reports
+    assert report.recovered
+    [event] = sent.events()
+    assert event["exception"]["values"][0]["value"].startswith("upstream rejected key [REDACTED]")
+    assert leaks(sent.raw().decode(errors="replace")) == []  # the event, report and transcript
+    [span] = [
+        s
+        for s in telemetry.spans.get_finished_spans()
+        if s.attributes.get("crashoverride.recovery_id") == report.recovery_id
+    ]
+    spans = [
+        s
+        for s in telemetry.spans.get_finished_spans()
+        if s.context.trace_id == span.context.trace_id
+    ]
+    assert len(spans) == 1 + len(RECOVERING_AGENT) - 1  # the recovery and each tool call
+    assert leaks(_exported(spans)) == []
+    assert leaks(ledger.read_text()) == []
+    html = tmp_path / "show.html"
+    assert main(["show", report.recovery_id, "--ledger", str(ledger)]) == 0
+    assert main(["show", report.recovery_id, "--ledger", str(ledger), "--html", str(html)]) == 0
+    shown = capsys.readouterr().out
+    assert report.recovery_id in shown and "[REDACTED]" in shown
+    assert leaks(shown) == [] and leaks(html.read_text()) == []
+
+
 async def signup(request: Request) -> JSONResponse:
     body = await request.json()
     password = body["password"]
