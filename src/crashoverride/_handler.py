@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from crashoverride._errors import ConfigurationError
 from crashoverride._placement.offloop import load
+from crashoverride._security.redact import scanned
 
 if TYPE_CHECKING:
     from crashoverride._app import CrashOverride
@@ -299,6 +300,7 @@ def _internal(exc: BaseException, problem: BaseException, app: object) -> None:
         return  # noted once already (a deep recursion fails at every level on its way out)
     mark(exc, app)
     try:
-        exc.add_note(f"crashoverride: recovery not attempted, internal error: {problem!r}")
+        # Redacted like every note (the repr may quote a secret), and with nothing to import.
+        exc.add_note(scanned(f"crashoverride: recovery not attempted, internal error: {problem!r}"))
     except Exception:  # pragma: no cover - an exception type that refuses notes
         pass

@@ -38,7 +38,7 @@ from crashoverride._observe.events import FOLLOWUP_UNCONSUMED
 from crashoverride._observe.events import SKIPPED as RECOVERY_SKIPPED
 from crashoverride._observe.events import WARM_UP_FAILED as RECOVERY_WARM_UP_FAILED
 from crashoverride._security.masking import mask_fields, mask_query
-from crashoverride._security.redact import MASK, Redactor, is_secret_name
+from crashoverride._security.redact import MASK, Redactor, is_secret_name, scanned
 from crashoverride._security.text import clip
 from crashoverride._security.verdict import judge
 
@@ -64,6 +64,7 @@ __all__ = [
     "loop_running_here",
     "mask_fields",
     "mask_query",
+    "note",
     "on_asyncio",
     "recover",
     "redactor",
@@ -108,12 +109,28 @@ def skip(handler: Handler, exc: BaseException, reason: str, **fields: Any) -> No
     from crashoverride._observe import events, observers
 
     name = handler.settings.name or fields.pop("kind", "block")
+    # No recovery started, so no recovery's redactor: the handler's (its policy, its key).
+    redact = redactor(handler)
     events.emit(
-        "warning", events.SKIPPED, reason=reason, fingerprint=fingerprint(exc),
-        exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}", handler=name, **fields,
+        "warning", events.SKIPPED, **redact.data({
+            "reason": reason, "fingerprint": fingerprint(exc),
+            "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}", "handler": name,
+            **fields,
+        }),
     )  # fmt: skip
-    add_note(exc, f"crashoverride: recovery skipped: {reason}")
-    observers.skipped(name, reason)
+    add_note(exc, redact(f"crashoverride: recovery skipped: {reason}"))
+    observers.skipped(redact(name), redact(reason))
+
+
+def note(exc: BaseException, text: str) -> None:
+    """Add ``text`` to ``exc`` as a note, redacted: a note travels with the application's
+    exception wherever it is reported (an exception that refuses notes is left as it is).
+
+    Imports nothing: it says what failed on paths where importing may be what failed."""
+    try:
+        exc.add_note(scanned(text))
+    except Exception:  # pragma: no cover - an exception type that refuses notes
+        pass
 
 
 def redactor(handler: Handler) -> Redactor:
@@ -124,8 +141,10 @@ def redactor(handler: Handler) -> Redactor:
 def emit(level: str, event: str, **fields: Any) -> None:
     """Emit a structlog event the way the core does (a broken log pipeline never raises)."""
     from crashoverride._observe import events
+    from crashoverride._security.redact import scanned_data
 
-    events.emit(level, event, **fields)
+    # An integration's fields are its own: they go through the redactor here.
+    events.emit(level, scanned(event), **scanned_data(fields))
 
 
 def loop_running_here() -> bool:

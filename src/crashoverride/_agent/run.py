@@ -26,6 +26,7 @@ from crashoverride._observe.report import Usage
 from crashoverride._placement.bridge import Dispatch
 from crashoverride._security.audit import ApprovalRequest, ToolCallRecord
 from crashoverride._security.gate import Gate, gate_agent
+from crashoverride._security.redact import Redacted
 from crashoverride._security.text import clip
 
 Check = Callable[[], Any]  # returns None/True when recovered, or a reason string / False
@@ -38,13 +39,13 @@ class AgentJob:
         self,
         *,
         settings: Settings,
-        instructions: str,
-        input_text: str,
+        instructions: Redacted,
+        input_text: Redacted,
         workspace: Workspace,
         state: RunState,
         check: Check | None,
         deadline: float,
-        redact: Callable[[str], str],
+        redact: Callable[[str], Redacted],
         on_tool: Callable[[ToolCallRecord], None],
         tools: Sequence[Callable[..., Any]] = (),
         mode: str = "repair",
@@ -52,6 +53,7 @@ class AgentJob:
         fence: Fence | None = None,
     ) -> None:
         self.settings = settings
+        # What the model is sent: redactor output only (``Redacted``), tool results too.
         self.instructions = instructions
         self.input_text = input_text
         self.workspace = workspace

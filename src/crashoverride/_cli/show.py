@@ -45,7 +45,8 @@ def _fail(message: str) -> int:
 def load(source: str, recovery_id: str | None, last: int | None) -> list[Any]:
     """The reports asked for, oldest first."""
     from crashoverride._observe.ledger import open_ledger
-    from crashoverride._observe.record import from_record, masked
+    from crashoverride._observe.record import from_record
+    from crashoverride._security.redact import scanned_data
 
     reader = open_ledger(source)
     if recovery_id is not None:
@@ -56,7 +57,7 @@ def load(source: str, recovery_id: str | None, last: int | None) -> list[Any]:
     reports = []
     for record in records:
         try:
-            reports.append(from_record(masked(record)))
+            reports.append(from_record(scanned_data(record)))
         except (TypeError, ValueError):
             continue  # another schema, or not a report: nothing to show of it
     return reports

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from crashoverride._security.redact import Redacted
+
 if TYPE_CHECKING:
     from crashoverride._config.settings import Settings
     from crashoverride._followups.session import FollowupSession, Run
@@ -49,7 +51,7 @@ class Followups:
     the end when the handler declares follow-ups."""
 
     def __init__(
-        self, settings: Settings, recovery_id: str, redact: Callable[[str], str], run: Run
+        self, settings: Settings, recovery_id: str, redact: Callable[[str], Redacted], run: Run
     ) -> None:
         self._settings, self._recovery_id, self._redact = settings, recovery_id, redact
         self._run = run

@@ -21,7 +21,7 @@ from crashoverride._followups.session import job_fields
 from crashoverride._observe import events
 from crashoverride._placement.deadline import Deadline
 from crashoverride._security.audit import ToolCallRecord
-from crashoverride._security.redact import Redactor
+from crashoverride._security.redact import Redactor, fixed
 from crashoverride._security.text import clip
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class FollowupRecord:
             check=lambda _: None,
             bindings={"report": job.report, "objective": job.objective, "followup_id": job.id},
         )
-        self._fields = {"runner": runner, **job_fields(job)}
+        self._fields = self.redact.data({"runner": runner, **job_fields(job)})
         self._began = time.monotonic()
         self._result: FollowupResult | None = None
 
@@ -104,7 +104,7 @@ class FollowupRecord:
 
     def started(self, placement: str) -> None:
         self.running = True
-        events.emit("info", events.FOLLOWUP_STARTED, placement=placement, **self._fields)
+        events.emit("info", events.FOLLOWUP_STARTED, placement=fixed(placement), **self._fields)
 
     # -- conclusions -------------------------------------------------------------------------
 
@@ -131,10 +131,10 @@ class FollowupRecord:
     def cancelled(self, reason: str = "cancelled before it finished") -> None:
         if self._result is None:
             self._result = FollowupResult(
-                self.id, "failed", reason, self._ms(), tuple(self.state.records)
+                self.id, "failed", self.redact(reason), self._ms(), tuple(self.state.records)
             )
-            events.emit("warning", events.FOLLOWUP_FAILED, reason=reason, cut_off=True,
-                      duration_ms=self._ms(), **self._fields)  # fmt: skip
+            events.emit("warning", events.FOLLOWUP_FAILED, reason=self._result.summary,
+                      cut_off=True, duration_ms=self._ms(), **self._fields)  # fmt: skip
         self.abandon()
 
     def _finish(self, outcome: str, text: str) -> FollowupResult:
@@ -143,7 +143,7 @@ class FollowupRecord:
         result = self._result = FollowupResult(
             self.id,
             "succeeded" if outcome == "succeeded" else "failed",
-            self.redact(clip(text, 1_000)),
+            clip(self.redact(text), 1_000),
             self._ms(),
             tuple(self.state.records),
         )

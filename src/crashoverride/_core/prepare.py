@@ -76,17 +76,21 @@ def prepare(rec: Recovery) -> AgentJob:
             mode=settings.mode,
             persistence=settings.source_changes if settings.allow_source_changes else None,
             fence=Fence(_ID_SLOT),
+        ),
+        slots={_ID_SLOT: fence.id},
+    )
+    # Redacted as a whole, as it is sent: parts redacted one by one would be a plain ``str``
+    # once joined, and a secret may straddle two of them.
+    text = redact(
+        build_input(
+            fence=fence,
+            exception=rec.exception_text,
+            traceback_text=rec.traceback_text,
+            locals_summary=summarize_locals(shown, is_secret=redact.is_secret),
+            block_brief=block.brief,
+            block_data=block.data,
+            location=location,
         )
-    ).replace(_ID_SLOT, fence.id)
-    # Each part is redacted once (the exception and traceback were, by the record).
-    text = build_input(
-        fence=fence,
-        exception=rec.exception_text,
-        traceback_text=rec.traceback_text,
-        locals_summary=redact(summarize_locals(shown, is_secret=redact.is_secret)),
-        block_brief=redact(block.brief),
-        block_data={label: redact(value) for label, value in block.data.items()},
-        location=redact(location),
     )
     return AgentJob(
         settings=settings,

@@ -22,7 +22,7 @@ from crashoverride._observe import events, observers
 from crashoverride._observe.report import RecoveryReport, Usage
 from crashoverride._placement.deadline import Deadline
 from crashoverride._security.audit import ToolCallRecord
-from crashoverride._security.redact import Redactor, name_rule
+from crashoverride._security.redact import EMPTY, Redacted, Redactor, fixed, name_rule, scanned
 from crashoverride._security.text import clip, describe_exception, format_traceback
 
 if TYPE_CHECKING:
@@ -76,13 +76,10 @@ def fingerprint(exc: BaseException) -> str:
     return f"{kind}@{code.co_filename}:{tb.tb_lineno}({code.co_qualname})"
 
 
-def add_note(exc: BaseException, note: str) -> None:
-    from crashoverride._security.redact import MASK
-    from crashoverride._security.secrets import mask
-
+def add_note(exc: BaseException, note: Redacted) -> None:
+    """Add ``note`` (redactor output: it travels with the user's exception) to ``exc``."""
     try:
-        # Notes are scanned like events: an internal error's repr may quote a secret.
-        exc.add_note(mask(note, MASK))
+        exc.add_note(note)
     except Exception:  # pragma: no cover - an exception type that refuses notes
         pass
 
@@ -135,14 +132,17 @@ class Recovery:
         self.fleet: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._decision: Decision | None = None
-        self._fields = {
-            "recovery_id": self.id,
-            "fingerprint": self.fingerprint,
-            "exc_type": self.exc_type,
-            "handler": self.handler,
-            "model": settings.model_label,
-            **block.fields,
-        }
+        # Every event's fields, and the report's names: redacted once, here.
+        self._fields = self.redact.data(
+            {
+                "recovery_id": self.id,
+                "fingerprint": self.fingerprint,
+                "exc_type": self.exc_type,
+                "handler": self.handler,
+                "model": settings.model_label,
+                **block.fields,
+            }
+        )
         self.watch = observers.start(self)  # here: the owner's context parents the span
 
     # -- events ----------------------------------------------------------------------------
@@ -153,7 +153,7 @@ class Recovery:
     def tag(self, **fields: Any) -> None:
         """Coordination facts about this recovery, for its later events and its report."""
         self.fleet.update(fields)
-        self._fields.update(fields)
+        self._fields.update(self.redact.data(fields))
 
     def on_tool(self, record: ToolCallRecord) -> None:
         events.emit("info", events.TOOL_CALLED, **record.event_fields(), **self._fields)
@@ -167,24 +167,24 @@ class Recovery:
 
     def started(self, placement: str) -> None:
         self.running = True
-        events.emit("info", events.STARTED, placement=placement, **self._fields)
+        events.emit("info", events.STARTED, placement=fixed(placement), **self._fields)
 
     # -- the report ------------------------------------------------------------------------
 
     def _report(self, outcome: str, reason: str, via: str, run: Any = None) -> RecoveryReport:
-        state = self.state
+        state, redact, fields = self.state, self.redact, self._fields
         return RecoveryReport(
-            recovery_id=self.id,
-            handler=self.handler,
-            fingerprint=self.fingerprint,
-            exc_type=self.exc_type,
+            recovery_id=fields["recovery_id"],
+            handler=fields["handler"],
+            fingerprint=fields["fingerprint"],
+            exc_type=fields["exc_type"],
             exception=self.exception_text,
             traceback=self.traceback_text,
             outcome=outcome,  # type: ignore[arg-type]
-            reason=self.redact(reason),
-            via=via,
-            model=self.settings.model_label,
-            diagnosis=self.redact(
+            reason=redact(reason),
+            via=redact(via),
+            model=fields["model"],
+            diagnosis=redact(
                 state.gave_up or (run.final_output if run is not None else "") or ""
             ),
             tool_calls=tuple(state.records),
@@ -193,11 +193,11 @@ class Recovery:
             started_at=self.started_at,
             duration_ms=round((time.monotonic() - self.t0) * 1000, 3),
             waited_ms=round(self.waited * 1000, 3),
-            mode=self.settings.mode,
+            mode=redact(self.settings.mode),
             source_changes=tuple(self.editor.changes) if self.editor is not None else (),
-            fleet_role=self.fleet.get("fleet_role", ""),
-            fencing_token=self.fleet.get("fencing_token", 0),
-            fix_record=self.fleet.get("fix_record", ""),
+            fleet_role=fields.get("fleet_role", EMPTY),
+            fencing_token=fields.get("fencing_token", 0),
+            fix_record=fields.get("fix_record", EMPTY),
         )  # fmt: skip
 
     # -- conclusions (each ends the recovery; the first one wins) ---------------------------
@@ -254,7 +254,7 @@ class Recovery:
         reason: str,
         via: str,
         run: Any,
-        event: str,
+        event: Redacted,
         level: str,
         value: Any = None,
     ) -> Decision:
@@ -283,13 +283,14 @@ class Recovery:
             self.limits.breaker.abandon(self.fingerprint, self.trial)
         self._hand_on(succeeded)
         events.emit(
-            level, event, reason=report.reason, via=via, turns=report.turns,
+            level, event, reason=report.reason, via=report.via, turns=report.turns,
             tool_calls=len(report.tool_calls), input_tokens=report.usage.input_tokens,
             output_tokens=report.usage.output_tokens, duration_ms=report.duration_ms,
             **self._fields,
         )  # fmt: skip
         if not decision.recovered and self.exc is not None:
-            add_note(self.exc, f"crashoverride: recovery {self.id} {outcome}: {report.reason}")
+            note = f"crashoverride: recovery {self.id} {outcome}: {report.reason}"
+            add_note(self.exc, self.redact(note))
         self.watch.finish(report, self.exc)  # after the note: the exception is as it leaves
         callback = self.settings.on_recovery
         if callback is not None:
@@ -351,6 +352,8 @@ def _secret_values(block: Block, is_secret_name: Callable[[str], bool]) -> list[
 
 def internal_failure(exc: BaseException, problem: BaseException) -> None:
     """A bug in crashoverride: say so on the user's exception, which then propagates."""
-    add_note(exc, f"crashoverride: recovery not attempted, internal error: {problem!r}")
-    events.emit("error", events.FAILED, reason=f"internal error: {problem!r}",
-              exc_type=type(exc).__qualname__)  # fmt: skip
+    # No recovery, so no redactor of one: the rules every redactor applies (a repr may quote
+    # a secret).
+    add_note(exc, scanned(f"crashoverride: recovery not attempted, internal error: {problem!r}"))
+    events.emit("error", events.FAILED, reason=scanned(f"internal error: {problem!r}"),
+              exc_type=scanned(type(exc).__qualname__))  # fmt: skip

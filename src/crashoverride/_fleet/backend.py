@@ -50,6 +50,7 @@ from crashoverride._fleet.scripts import (
 )
 from crashoverride._observe import events
 from crashoverride._repair import journal, recipes
+from crashoverride._security.redact import fixed
 
 if TYPE_CHECKING:
     from crashoverride._admission.limits import Admission
@@ -109,8 +110,9 @@ class Fleet:
         publishes = self.option.key is not None and rec.id in self._leases
         withheld = journal.withhold_secrets(rec.id, rec.redact) if publishes else []
         if withheld:
-            events.emit("warning", events.FIX_WITHHELD, targets=withheld, reason="its new source "
-                      "holds a secret: it runs in this process only", **rec.fields())  # fmt: skip
+            events.emit("warning", events.FIX_WITHHELD, targets=[rec.redact(t) for t in withheld],
+                      reason=fixed("its new source holds a secret: it runs in this process only"),
+                      **rec.fields())  # fmt: skip
         if publishes and (journal.has_changes(rec.id) or recipes.pending(rec.id)):
             return {"fix_record": journal.record_id(rec.id)}
         return {}
@@ -173,10 +175,10 @@ class Fleet:
             self._degrade(rec, str(problem))
             return
         if not landed:
-            reason = "a newer leader took over: this outcome was not published"
+            reason = fixed("a newer leader took over: this outcome was not published")
             events.emit("warning", events.LEASE_LOST, reason=reason, **rec.fields())
         elif stored:
-            targets = [f"{c['module']}.{c['qualname']}" for c in changes]
+            targets = [rec.redact(f"{c['module']}.{c['qualname']}") for c in changes]
             events.emit("info", events.FIX_PUBLISHED, targets=targets, **rec.fields())
 
     def abandon(self, rec: Recovery) -> None:
@@ -262,7 +264,7 @@ class Fleet:
                 except Exception:  # a slow or failing Redis: try again at the next beat
                     continue
                 if not held:  # it lapsed: another process may be running the agent as well
-                    reason = "the lease lapsed before it could be renewed"
+                    reason = fixed("the lease lapsed before it could be renewed")
                     events.emit("warning", events.LEASE_LOST, reason=reason, **fields)
                     return
 
@@ -335,7 +337,8 @@ class Fleet:
         try:
             record, changed = await records.receive(stored, key, rec.settings.approve, call)
         except records.Refused as refusal:
-            events.emit("warning", events.FIX_REFUSED, reason=str(refusal), **rec.fields())
+            events.emit("warning", events.FIX_REFUSED, reason=rec.redact(str(refusal)),
+                      **rec.fields())  # fmt: skip
             return False
         if record.get("recipe"):  # verified and for this code: the state repair, for later
             recipe = recipes.Recipe(tuple(record["recipe"]), int(record.get("turns", 0)))
@@ -343,8 +346,9 @@ class Fleet:
         if not changed:
             return False  # this process runs the fix already: it did not help here
         rec.tag(fix_record=str(record.get("id", "")), model_calls_saved=record.get("turns", 0))
-        events.emit("info", events.FIX_APPLIED, targets=changed,
-                  not_applied=records.not_applied(record), **rec.fields())  # fmt: skip
+        events.emit("info", events.FIX_APPLIED, targets=[rec.redact(t) for t in changed],
+                  not_applied=[rec.redact(n) for n in records.not_applied(record)],
+                  **rec.fields())  # fmt: skip
         return True
 
     def _degrade(self, rec: Recovery, reason: str) -> None:

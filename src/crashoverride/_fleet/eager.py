@@ -24,6 +24,7 @@ from crashoverride._fleet.link import Link
 from crashoverride._fleet.scripts import ANNOUNCE, ms
 from crashoverride._observe import events
 from crashoverride._placement.bridge import run_job
+from crashoverride._security.redact import clip, fixed, scanned
 
 _MAX_INDEXED: Final = 1_000  # records a late process catches up on, newest kept
 
@@ -36,6 +37,9 @@ async def announce(client: Any, option: RedisCoordination, fix_key: str) -> None
     """After a record is stored: index it (bounded by age and count) and announce it."""
     index = index_key(option.namespace)
     await client.eval(ANNOUNCE, 1, index, fix_key, ms(option.record_ttl), _MAX_INDEXED)
+
+
+EAGER = fixed("eager")  # the fleet role of the eager subscriber's events
 
 
 class Eager:
@@ -71,8 +75,8 @@ class Eager:
                     if message is not None:
                         await self._once(client, message["data"])
             except Exception as problem:  # Redis went away: pause, then subscribe again
-                events.emit("warning", events.COORDINATION_DEGRADED, fleet_role="eager",
-                          reason=f"{type(problem).__name__}: {problem}"[:300],
+                events.emit("warning", events.COORDINATION_DEGRADED, fleet_role=EAGER,
+                          reason=clip(scanned(f"{type(problem).__name__}: {problem}"), 300),
                           retry_after=self.option.retry_after)  # fmt: skip
             finally:
                 try:
@@ -103,9 +107,12 @@ class Eager:
         try:
             record, changed = await records.receive(stored, key, self.approve, run_job)
         except records.Refused as refusal:
-            events.emit("warning", events.FIX_REFUSED, reason=str(refusal), fleet_role="eager")
+            events.emit("warning", events.FIX_REFUSED, reason=scanned(str(refusal)),
+                      fleet_role=EAGER)  # fmt: skip
             return
         if changed:
-            events.emit("info", events.FIX_APPLIED, targets=changed, fleet_role="eager",
-                      not_applied=records.not_applied(record),
-                      fix_record=str(record.get("id", "")))  # fmt: skip
+            # No recovery here, so no recovery's redactor: the rules every redactor applies.
+            events.emit("info", events.FIX_APPLIED, targets=[scanned(t) for t in changed],
+                      fleet_role=EAGER,
+                      not_applied=[scanned(n) for n in records.not_applied(record)],
+                      fix_record=scanned(str(record.get("id", ""))))  # fmt: skip

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from crashoverride._observe.report import RecoveryReport, SourceChange, Usage
 from crashoverride._security.audit import ToolCallRecord
-from crashoverride._security.text import clip
+from crashoverride._security.redact import Redacted, RedactedData, clip, scanned, scanned_data
 
 # An agent that asks for dozens of follow-ups is looping; the first few carry the signal.
 MAX_PER_RECOVERY = 5
@@ -57,20 +57,22 @@ class FollowupJob:
         max_turns: Model turns the follow-up agent may take.
     """
 
-    id: str
-    objective: str
-    origin: str
-    context: str
+    # Redacted text only: a job may travel through a broker or a subprocess's arguments.
+    id: Redacted
+    objective: Redacted
+    origin: Redacted
+    context: Redacted
     report: RecoveryReport
     timeout: float
     max_turns: int
 
-    def to_payload(self) -> dict[str, Any]:
-        """A JSON-safe dict, for runners that hand the job to another process."""
+    def to_payload(self) -> RedactedData:
+        """A JSON-safe dict, for runners that hand the job to another process: scanned again
+        on the way out, like the record of a report."""
         data = dataclasses.asdict(self)
         data["report"]["tool_calls"] = [dict(call) for call in data["report"]["tool_calls"]]
         data["report"]["source_changes"] = [dict(c) for c in data["report"]["source_changes"]]
-        return data
+        return scanned_data(data)
 
     @classmethod
     def from_payload(cls, data: Mapping[str, Any]) -> FollowupJob:
@@ -81,10 +83,12 @@ class FollowupJob:
             SourceChange(**change) for change in raw.get("source_changes", ())
         )
         return cls(
-            id=str(data["id"]),
-            objective=str(data["objective"]),
-            origin=str(data.get("origin", "handler")),
-            context=str(data.get("context", "")),
+            # Redacted by its sender; what arrives is scanned again, as any text with no
+            # recovery at hand.
+            id=scanned(str(data["id"])),
+            objective=scanned(str(data["objective"])),
+            origin=scanned(str(data.get("origin", "handler"))),
+            context=scanned(str(data.get("context", ""))),
             report=RecoveryReport(**raw),
             timeout=float(data["timeout"]),
             max_turns=int(data["max_turns"]),
@@ -99,9 +103,9 @@ class FollowupResult:
     also a ``followup.tool_called`` event).
     """
 
-    id: str
+    id: Redacted
     outcome: Literal["succeeded", "failed"]
-    summary: str
+    summary: Redacted
     duration_ms: float
     tool_calls: tuple[ToolCallRecord, ...] = ()
 

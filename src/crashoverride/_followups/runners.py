@@ -25,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from crashoverride._followups.job import FollowupJob
 from crashoverride._observe import events
+from crashoverride._security.redact import scanned
 
 
 @runtime_checkable
@@ -83,8 +84,9 @@ def resolve_runner(configured: Any = None) -> FollowupRunner | JobRunner:
 
 
 def _cut_off(name: str, runner: str, grace: float) -> None:
-    events.emit("warning", events.FOLLOWUP_FAILED, followup_id=name, runner=runner, cut_off=True,
-              reason=f"cut off: still running {grace:g}s after shutdown began")  # fmt: skip
+    reason = f"cut off: still running {grace:g}s after shutdown began"
+    events.emit("warning", events.FOLLOWUP_FAILED, followup_id=scanned(name),
+              runner=scanned(runner), cut_off=True, reason=scanned(reason))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------ thread
@@ -127,8 +129,8 @@ class ThreadRunner:
             events.emit(
                 "error",
                 events.FOLLOWUP_FAILED,
-                followup_id=name,
-                reason=f"runner error: {problem!r}",
+                followup_id=scanned(name),
+                reason=scanned(f"runner error: {problem!r}"),
             )
         finally:
             with self._lock:

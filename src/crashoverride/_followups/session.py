@@ -15,7 +15,7 @@ from crashoverride._followups.job import (
 )
 from crashoverride._observe import events
 from crashoverride._observe.report import RecoveryReport
-from crashoverride._security.text import clip
+from crashoverride._security.redact import EMPTY, Redacted, clip, fixed, scanned
 
 if TYPE_CHECKING:
     from crashoverride._config.settings import Settings
@@ -35,7 +35,7 @@ class FollowupSession:
         self,
         settings: Settings,
         recovery_id: str,
-        redact: Callable[[str], str] | None = None,
+        redact: Callable[[str], Redacted] | None = None,
         *,
         run: Run,
     ) -> None:
@@ -48,7 +48,7 @@ class FollowupSession:
         # a job can travel through a broker or a subprocess's arguments: masked before it leaves.
         self._redact = redact if redact is not None else Redactor.for_settings(settings)
         self._lock = threading.Lock()
-        self._requested: list[tuple[str, str, str]] = []  # (id, objective, context)
+        self._requested: list[tuple[Redacted, Redacted, Redacted]] = []  # id, objective, context
 
     def spawn(self, objective: str, context: str = "") -> str:
         if not isinstance(objective, str) or not objective.strip():
@@ -56,18 +56,20 @@ class FollowupSession:
         with self._lock:
             if len(self._requested) >= MAX_PER_RECOVERY:
                 raise RuntimeError(f"at most {MAX_PER_RECOVERY} follow-ups per recovery")
-            job_id = new_id()
+            job_id = self._redact(new_id())
             self._requested.append(
-                (
-                    job_id,
-                    self._redact(clip(objective.strip(), OBJECTIVE_LIMIT)),
-                    self._redact(clip(str(context), CONTEXT_LIMIT)),
-                )
-            )
+                (job_id, self._bounded(objective.strip(), OBJECTIVE_LIMIT),
+                 self._bounded(str(context), CONTEXT_LIMIT))
+            )  # fmt: skip
         return (
             f"Follow-up {job_id} queued; it starts in the background when this recovery ends "
             "and receives the recovery report. Do not wait for it."
         )
+
+    def _bounded(self, text: str, limit: int) -> Redacted:
+        # Redacted, then clipped: a cut must not halve a secret the scan would then miss. The
+        # first cut only bounds the scan's cost.
+        return clip(self._redact(clip(text, 2 * limit)), limit)
 
     def conclude(self, report: RecoveryReport) -> list[str]:
         """Submit the declared and requested follow-ups; returns their ids. Never raises."""
@@ -75,25 +77,24 @@ class FollowupSession:
             return self._conclude(report)
         except Exception as problem:
             events.emit("error", events.FOLLOWUP_FAILED, recovery_id=report.recovery_id,
-                      reason=f"internal error: {problem!r}")  # fmt: skip
+                      reason=scanned(f"internal error: {problem!r}"))  # fmt: skip
             return []
 
     def _conclude(self, report: RecoveryReport) -> list[str]:
         settings = self._settings
-        wanted: list[tuple[str, str, str, str]] = []
+        redact = self._redact
+        wanted: list[tuple[Redacted, Redacted, Redacted, Redacted]] = []
         if report.outcome != "skipped":
-            wanted += [(new_id(), objective, "", "handler") for objective in settings.followups]
+            wanted += [(redact(new_id()), redact(o), EMPTY, HANDLER) for o in settings.followups]
         with self._lock:
-            wanted += [
-                (i, objective, context, "agent") for i, objective, context in self._requested
-            ]
+            wanted += [(i, objective, context, AGENT) for i, objective, context in self._requested]
             self._requested.clear()
         if not wanted:
             return []
         from crashoverride._followups.runners import resolve_runner
 
         runner = resolve_runner(settings.followup_runner)
-        ids = []
+        ids: list[str] = []
         for job_id, objective, context, origin in wanted:
             job = FollowupJob(
                 id=job_id,
@@ -109,7 +110,10 @@ class FollowupSession:
         return ids
 
 
-def job_fields(job: FollowupJob) -> dict[str, Any]:
+AGENT, HANDLER = fixed("agent"), fixed("handler")
+
+
+def job_fields(job: FollowupJob) -> dict[str, Redacted]:
     return {
         "followup_id": job.id,
         "recovery_id": job.report.recovery_id,
@@ -120,7 +124,7 @@ def job_fields(job: FollowupJob) -> dict[str, Any]:
 
 def submit(runner: Any, job: FollowupJob, settings: Settings, run: Run) -> bool:
     """Hand ``job`` to ``runner``; False (and a ``followup.failed`` event) when it refused."""
-    label = type(runner).__name__
+    label = scanned(type(runner).__name__)
     # Before the hand-over: an in-process job may start (and log) before ``submit`` returns.
     events.emit("info", events.FOLLOWUP_SUBMITTED, runner=label, **job_fields(job))
     try:
@@ -134,7 +138,7 @@ def submit(runner: Any, job: FollowupJob, settings: Settings, run: Run) -> bool:
             runner.submit(fn, name=job.id)
     except Exception as problem:
         events.emit("error", events.FOLLOWUP_FAILED, runner=label,
-                  reason=f"could not submit: {problem!r}",
+                  reason=scanned(f"could not submit: {problem!r}"),
                   **job_fields(job))  # fmt: skip
         return False
     return True

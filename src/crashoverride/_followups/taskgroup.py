@@ -17,6 +17,7 @@ from typing import Any
 
 from crashoverride._followups.runners import _current
 from crashoverride._observe import events
+from crashoverride._security.redact import fixed, scanned, scanned_data
 
 # Finished jobs are remembered for ``status`` queries, but a long-running server must not grow.
 _HISTORY = 1_000
@@ -31,7 +32,8 @@ class _Job:
         self.id = job_id
         self.name = name
         self.work = work
-        self.fields = fields
+        # Every event's fields: the job's names and the caller's fields, redacted once.
+        self.fields = scanned_data({"job_id": job_id, "job": name, **fields})
         self.state = "pending"
         self.scope: Any = None
 
@@ -141,7 +143,7 @@ class TaskGroupRunner:
 
         self._running[job.id] = job
         self._idle = anyio.Event()
-        events.emit("info", events.BACKGROUND_SUBMITTED, job_id=job.id, job=job.name, **job.fields)
+        events.emit("info", events.BACKGROUND_SUBMITTED, **job.fields)
         self._group.start_soon(self._run, job, name=f"crashoverride {job.name}")
 
     async def _run(self, job: _Job) -> None:
@@ -150,8 +152,8 @@ class TaskGroupRunner:
         if job.state == "cancelled":  # cancelled by a shutdown before it got to run
             if inspect.iscoroutine(job.work):
                 job.work.close()
-            events.emit("warning", events.BACKGROUND_CANCELLED, job_id=job.id, job=job.name,
-                      reason="shut down before it started", **job.fields)  # fmt: skip
+            events.emit("warning", events.BACKGROUND_CANCELLED,
+                      reason=fixed("shut down before it started"), **job.fields)  # fmt: skip
             self._forget(job)
             return
         job.state = "running"
@@ -163,16 +165,15 @@ class TaskGroupRunner:
                 except Exception as exc:
                     # A failed job must not take the group (a lifespan, a server) down.
                     job.state = "failed"
-                    events.emit("warning", events.BACKGROUND_FAILED, job_id=job.id, job=job.name,
-                              error=repr(exc), **job.fields)  # fmt: skip
+                    events.emit("warning", events.BACKGROUND_FAILED, error=scanned(repr(exc)),
+                              **job.fields)  # fmt: skip
                 else:
                     job.state = "succeeded"
-                    events.emit("info", events.BACKGROUND_SUCCEEDED, job_id=job.id, job=job.name,
-                              **job.fields)  # fmt: skip
+                    events.emit("info", events.BACKGROUND_SUCCEEDED, **job.fields)
             if scope.cancelled_caught:
                 job.state = "cancelled"
-                events.emit("warning", events.BACKGROUND_CANCELLED, job_id=job.id, job=job.name,
-                          reason="shutdown grace period over", **job.fields)  # fmt: skip
+                events.emit("warning", events.BACKGROUND_CANCELLED,
+                          reason=fixed("shutdown grace period over"), **job.fields)  # fmt: skip
         finally:
             self._forget(job)
 

@@ -2,74 +2,77 @@
 
 The library emits; it never configures logging or structlog.
 
-Event names follow ``noun.verb_past``. Emitting must never disturb a recovery, so a failing
-logging pipeline is contained here.
+Event names follow ``noun.verb_past``; like every field, they are redactor output (``fixed``).
+Emitting must never disturb a recovery, so a failing logging pipeline is contained here.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Final
 
-STARTED = "recovery.started"
-TOOL_CALLED = "recovery.tool_called"
-SUCCEEDED = "recovery.succeeded"
+from crashoverride._security.redact import Redacted, fixed
+
+# What an event may carry: redactor output, numbers, flags, lists of redacted names. A plain
+# ``str`` is a type error: it has not been through a redactor.
+Field = Redacted | float | None | Sequence[Redacted]
+
+STARTED: Final = fixed("recovery.started")
+TOOL_CALLED: Final = fixed("recovery.tool_called")
+SUCCEEDED: Final = fixed("recovery.succeeded")
 # A repair-only block (a response that had started) whose code was repaired for later calls.
-REPAIRED = "recovery.repaired"
-FAILED = "recovery.failed"
-SKIPPED = "recovery.skipped"
-CANCELLED = "recovery.cancelled"
-REPLAY_FAILED = "recovery.replay_failed"
-LOOP_BLOCKED = "recovery.loop_blocked"
+REPAIRED: Final = fixed("recovery.repaired")
+FAILED: Final = fixed("recovery.failed")
+SKIPPED: Final = fixed("recovery.skipped")
+CANCELLED: Final = fixed("recovery.cancelled")
+REPLAY_FAILED: Final = fixed("recovery.replay_failed")
+LOOP_BLOCKED: Final = fixed("recovery.loop_blocked")
 # A recipe (an earlier recovery's state repair) failed to run here: the agent runs instead.
-RECIPE_FAILED = "recovery.recipe_failed"
-CALLBACK_FAILED = "recovery.callback_failed"
+RECIPE_FAILED: Final = fixed("recovery.recipe_failed")
+CALLBACK_FAILED: Final = fixed("recovery.callback_failed")
 # A telemetry observer (OpenTelemetry, Sentry) raised: it is dropped for that recovery.
-OBSERVER_FAILED = "recovery.observer_failed"
+OBSERVER_FAILED: Final = fixed("recovery.observer_failed")
 # A ledger sink (RedisStreamLedger) could not store a report.
-LEDGER_FAILED = "ledger.write_failed"
-SOURCE_CHANGED = "recovery.source_changed"
-WARM_UP_FAILED = "recovery.warm_up_failed"
+LEDGER_FAILED: Final = fixed("ledger.write_failed")
+SOURCE_CHANGED: Final = fixed("recovery.source_changed")
+WARM_UP_FAILED: Final = fixed("recovery.warm_up_failed")
 
 # Fleet coordination (RedisCoordination). Degraded: Redis did not answer in time; this process
 # coordinates alone for a while.
-COORDINATION_DEGRADED = "coordination.degraded"
-LEASE_TAKEN = "fleet.lease_taken"
-LEASE_LOST = "fleet.lease_lost"
-FIX_PUBLISHED = "fleet.fix_published"
-FIX_APPLIED = "fleet.fix_applied"
-FIX_REFUSED = "fleet.fix_refused"
+COORDINATION_DEGRADED: Final = fixed("coordination.degraded")
+LEASE_TAKEN: Final = fixed("fleet.lease_taken")
+LEASE_LOST: Final = fixed("fleet.lease_lost")
+FIX_PUBLISHED: Final = fixed("fleet.fix_published")
+FIX_APPLIED: Final = fixed("fleet.fix_applied")
+FIX_REFUSED: Final = fixed("fleet.fix_refused")
 # A recovery's recipe holds a secret: its fix record goes out without it (``_recipes``).
-RECIPE_WITHHELD = "fleet.recipe_withheld"
+RECIPE_WITHHELD: Final = fixed("fleet.recipe_withheld")
 # A code fix whose new source holds a secret: it runs here, and is never published.
-FIX_WITHHELD = "fleet.fix_withheld"
+FIX_WITHHELD: Final = fixed("fleet.fix_withheld")
 
-FOLLOWUP_SUBMITTED = "followup.submitted"
-FOLLOWUP_STARTED = "followup.started"
-FOLLOWUP_TOOL_CALLED = "followup.tool_called"
-FOLLOWUP_SUCCEEDED = "followup.succeeded"
-FOLLOWUP_FAILED = "followup.failed"
+FOLLOWUP_SUBMITTED: Final = fixed("followup.submitted")
+FOLLOWUP_STARTED: Final = fixed("followup.started")
+FOLLOWUP_TOOL_CALLED: Final = fixed("followup.tool_called")
+FOLLOWUP_SUCCEEDED: Final = fixed("followup.succeeded")
+FOLLOWUP_FAILED: Final = fixed("followup.failed")
 # Sent to a queue (Celery) that no running worker consumes: it will wait there, unrun.
-FOLLOWUP_UNCONSUMED = "followup.unconsumed"
+FOLLOWUP_UNCONSUMED: Final = fixed("followup.unconsumed")
 
-BACKGROUND_SUBMITTED = "background.submitted"
-BACKGROUND_SUCCEEDED = "background.succeeded"
-BACKGROUND_FAILED = "background.failed"
-BACKGROUND_CANCELLED = "background.cancelled"
+BACKGROUND_SUBMITTED: Final = fixed("background.submitted")
+BACKGROUND_SUCCEEDED: Final = fixed("background.succeeded")
+BACKGROUND_FAILED: Final = fixed("background.failed")
+BACKGROUND_CANCELLED: Final = fixed("background.cancelled")
 
 
-def emit(level: str, event: str, **fields: Any) -> None:
+def emit(level: str, event: Redacted, **fields: Field) -> None:
     try:
         import structlog
 
-        from crashoverride._security.redact import MASK
-        from crashoverride._security.secrets import mask
+        from crashoverride._security.redact import scanned_data
 
-        # The last line of defence for events: a field that escaped its recovery's redactor
-        # (an exception's repr from a background job, an internal error) is still scanned.
-        for name, value in fields.items():
-            if isinstance(value, str):
-                fields[name] = mask(value, MASK)
-        getattr(structlog.get_logger("crashoverride"), level)(event, **fields)
+        # The last line of defence behind the types: a field that reached here untyped (an
+        # integration's ``Any``) is still scanned, by the rules every redactor applies.
+        getattr(structlog.get_logger("crashoverride"), level)(event, **scanned_data(fields))
     except Exception:  # a broken log pipeline must not replace the user's exception
         pass
 

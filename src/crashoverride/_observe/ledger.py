@@ -22,6 +22,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from crashoverride._observe import events
 from crashoverride._observe.record import to_record
+from crashoverride._security.redact import RedactedData, fixed, scanned
 
 if TYPE_CHECKING:
     from crashoverride._observe.report import RecoveryReport
@@ -32,8 +33,9 @@ _PENDING_LIMIT: Final = 1_000  # records waiting for Redis; beyond: dropped, wit
 _BATCH: Final = 500
 
 
-def _line(report: RecoveryReport) -> bytes:
-    return (json.dumps(to_record(report), ensure_ascii=False) + "\n").encode()
+def _line(record: RedactedData) -> bytes:
+    """What a ledger writes: a record, redacted (``to_record``)."""
+    return (json.dumps(record, ensure_ascii=False) + "\n").encode()
 
 
 class JsonLinesLedger:
@@ -47,7 +49,7 @@ class JsonLinesLedger:
         self.path = os.fspath(path)
 
     def __call__(self, report: RecoveryReport) -> None:
-        data = _line(report)
+        data = _line(to_record(report))
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, data)  # one write: appends from several processes stay whole lines
@@ -96,7 +98,7 @@ class RedisStreamLedger:
         self._worker: threading.Thread | None = None
 
     def __call__(self, report: RecoveryReport) -> None:
-        self._enqueue((report.recovery_id, _line(report)))
+        self._enqueue((report.recovery_id, _line(to_record(report))))
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every record so far was written (or failed); False on time-out."""
@@ -108,8 +110,8 @@ class RedisStreamLedger:
         if self._pid != os.getpid():
             self._reset()
         if isinstance(item, tuple) and self._queue.qsize() >= _PENDING_LIMIT:
-            events.emit("error", events.LEDGER_FAILED, recovery_id=item[0],
-                      error="too many records waiting for Redis; this one is dropped")  # fmt: skip
+            error = fixed("too many records waiting for Redis; this one is dropped")
+            events.emit("error", events.LEDGER_FAILED, recovery_id=item[0], error=error)
             return
         self._queue.put(item)
         with self._lock:
@@ -146,7 +148,7 @@ class RedisStreamLedger:
                                 maxlen=self.maxlen, approximate=False)  # fmt: skip
                 except Exception as exc:
                     events.emit("error", events.LEDGER_FAILED, recovery_id=recovery_id,
-                              error=repr(exc))  # fmt: skip
+                              error=scanned(repr(exc)))  # fmt: skip
         finally:
             if client is not None:
                 client.close()

@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Protocol
 
 from crashoverride._observe import events
+from crashoverride._security.redact import Redacted, scanned
 
 if TYPE_CHECKING:
     from crashoverride._observe.report import RecoveryReport
@@ -89,7 +90,7 @@ class Watches:
 
 
 def _dropped(fields: dict[str, Any], problem: Exception) -> None:
-    events.emit("error", events.OBSERVER_FAILED, error=repr(problem), **fields)
+    events.emit("error", events.OBSERVER_FAILED, error=scanned(repr(problem)), **fields)
 
 
 def start(rec: Any) -> Watches:
@@ -112,7 +113,7 @@ def start(rec: Any) -> Watches:
     return Watches(watches, fields)
 
 
-def skipped(handler: str, reason: str) -> None:
+def skipped(handler: Redacted, reason: Redacted) -> None:
     """A failure an entry point let pass without a recovery (see ``integration.skip``)."""
     try:
         for module in _loaded():

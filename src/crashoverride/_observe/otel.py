@@ -20,7 +20,12 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from crashoverride._security.text import clip
+from crashoverride._security.redact import Redacted, clip, fixed
+
+# What OpenTelemetry is handed (span and event attributes, metric labels, statuses): redactor
+# output, numbers and flags only; a plain ``str`` is a type error.
+Attribute = Redacted | bool | int | float
+Attributes = dict[str, Attribute]
 
 if TYPE_CHECKING:
     from crashoverride._observe.report import RecoveryReport
@@ -45,11 +50,11 @@ _SKIP_KINDS: Final = (
 )
 
 
-def skip_kind(reason: str) -> str:
+def skip_kind(reason: str) -> Redacted:
     for phrase, kind in _SKIP_KINDS:
         if phrase in reason:
-            return kind
-    return "other"
+            return fixed(kind)
+    return fixed("other")
 
 
 def _version() -> str:
@@ -110,20 +115,22 @@ class OtelWatch:
     def __init__(self, rec: Any) -> None:
         # Every text exported passes the recovery's redactor, names from the settings too.
         self.redact = redact = rec.redact
-        self.handler: str = redact(rec.handler)
-        self.model: str = redact(rec.settings.model_label)
-        self.exc_type: str = redact(rec.exc_type)
-        self.message = clip(rec.exception_text.removeprefix(self.exc_type + ": "), TEXT_LIMIT)
-        self.traceback: str = rec.traceback_text  # redacted by the recovery
+        self.handler: Redacted = redact(rec.handler)
+        self.model: Redacted = redact(rec.settings.model_label)
+        self.exc_type: Redacted = redact(rec.exc_type)
+        self.message: Redacted = redact(
+            clip(rec.exception_text.removeprefix(self.exc_type + ": "), TEXT_LIMIT)
+        )
+        self.traceback: Redacted = rec.traceback_text  # redacted by the recovery
         self.tracer = trace.get_tracer(SCOPE, _version())
-        attributes: dict[str, Any] = {
+        attributes: Attributes = {
             "exception.type": self.exc_type,
             "exception.message": self.message,
-            "crashoverride.recovery_id": rec.id,
-            "crashoverride.fingerprint": self.redact(rec.fingerprint),
+            "crashoverride.recovery_id": redact(rec.id),
+            "crashoverride.fingerprint": redact(rec.fingerprint),
             "crashoverride.handler": self.handler,
             "crashoverride.model": self.model,
-            "crashoverride.mode": rec.settings.mode,
+            "crashoverride.mode": redact(rec.settings.mode),
         }
         where = _innermost(rec.exc)
         if where is not None:
@@ -144,31 +151,31 @@ class OtelWatch:
         start = end - int(record.duration_ms * 1_000_000)
         child = self.tracer.start_span(
             TOOL_SPAN_NAME, context=self.inside, start_time=start,
-            attributes={
+            attributes=_attributes({
                 "crashoverride.tool.name": record.tool,
                 "crashoverride.tool.source": record.source,
                 "crashoverride.tool.code": clip(self.redact(record.code), CODE_LIMIT),
                 "crashoverride.tool.ok": record.ok,
                 "crashoverride.tool.duration_ms": record.duration_ms,
-                "crashoverride.tool.approved_by": self.redact(record.approved_by),
-            },
+                "crashoverride.tool.approved_by": record.approved_by,
+            }),
         )  # fmt: skip
         if not record.ok:
-            child.set_status(Status(StatusCode.ERROR, clip(self.redact(record.result), 200)))
+            child.set_status(_error(clip(record.result, 200)))
         child.end(end_time=end)
 
     def finish(self, report: RecoveryReport | None, exc: BaseException | None) -> None:
         span = self.span
         if report is None:
-            span.set_attribute("crashoverride.outcome", "abandoned")
-            span.set_status(Status(StatusCode.ERROR, "the recovery ended without a decision"))
+            span.set_attributes(_attributes({"crashoverride.outcome": fixed("abandoned")}))
+            span.set_status(_error(fixed("the recovery ended without a decision")))
             span.end()
             return
         usage = report.usage
-        attributes: dict[str, Any] = {
-            "crashoverride.outcome": report.outcome,
+        attributes: Attributes = {
+            "crashoverride.outcome": fixed(report.outcome),
             "crashoverride.via": report.via,
-            "crashoverride.reason": clip(self.redact(report.reason), TEXT_LIMIT),
+            "crashoverride.reason": clip(report.reason, TEXT_LIMIT),
             "crashoverride.turns": report.turns,
             "crashoverride.tool_calls": len(report.tool_calls),
             "crashoverride.tokens.input": usage.input_tokens,
@@ -177,30 +184,32 @@ class OtelWatch:
         }
         if report.fleet_role:
             attributes["crashoverride.fleet_role"] = report.fleet_role
-        span.set_attributes(attributes)
+        span.set_attributes(_attributes(attributes))
         # The exception happened whatever the outcome; the semantic conventions' event.
-        span.add_event("exception", {
+        span.add_event("exception", _attributes({
             "exception.type": self.exc_type, "exception.message": self.message,
             "exception.stacktrace": self.traceback,
             "exception.escaped": not report.recovered,
-        })  # fmt: skip
+        }))  # fmt: skip
         if not report.recovered:
-            span.set_status(Status(StatusCode.ERROR, clip(self.redact(report.reason), 200)))
+            span.set_status(_error(clip(report.reason, 200)))
         span.end()
         _count(report, self.handler, self.model)
 
 
-def _count(report: RecoveryReport, handler: str, model: str) -> None:
+def _count(report: RecoveryReport, handler: Redacted, model: Redacted) -> None:
     made = instruments()
-    labels = {"outcome": report.outcome, "handler": handler}
+    labels = _attributes({"outcome": fixed(report.outcome), "handler": handler})
     made.recoveries.add(1, labels)
     made.duration.record(report.duration_ms / 1000, labels)
     usage = report.usage
-    for kind, count in (("input", usage.input_tokens), ("output", usage.output_tokens)):
+    for kind, count in ((INPUT, usage.input_tokens), (OUTPUT, usage.output_tokens)):
         if count:
-            made.tokens.add(count, {"handler": handler, "model": model, "token.type": kind})
+            made.tokens.add(
+                count, _attributes({"handler": handler, "model": model, "token.type": kind})
+            )
     if report.outcome == "skipped":
-        made.skipped.add(1, {"reason": skip_kind(report.reason), "handler": handler})
+        made.skipped.add(1, _attributes({"reason": skip_kind(report.reason), "handler": handler}))
 
 
 def start(rec: Any) -> OtelWatch | None:
@@ -208,7 +217,20 @@ def start(rec: Any) -> OtelWatch | None:
     return OtelWatch(rec)
 
 
-def skipped(handler: str, reason: str) -> None:
+def skipped(handler: Redacted, reason: Redacted) -> None:
     made = instruments()
-    made.recoveries.add(1, {"outcome": "skipped", "handler": handler})
-    made.skipped.add(1, {"reason": skip_kind(reason), "handler": handler})
+    made.recoveries.add(1, _attributes({"outcome": fixed("skipped"), "handler": handler}))
+    made.skipped.add(1, _attributes({"reason": skip_kind(reason), "handler": handler}))
+
+
+def _attributes(values: Attributes) -> Attributes:
+    """What every attribute mapping handed to OpenTelemetry passes: typed redacted."""
+    return values
+
+
+def _error(description: Redacted) -> Status:
+    """An error status; its description is exported like any attribute."""
+    return Status(StatusCode.ERROR, description)
+
+
+INPUT, OUTPUT = fixed("input"), fixed("output")

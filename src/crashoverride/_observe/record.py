@@ -1,9 +1,9 @@
 """A ``RecoveryReport`` as a JSON document, and back: what the ledger keeps and Sentry shows.
 
 One shape, versioned by ``schema``: a reader accepts any record of the same major version and
-ignores fields it does not know (a newer writer may add some). Every text is scanned for
-secret-looking values on the way out, the last line of defence behind the recovery's own
-redactor (the report is already redacted).
+ignores fields it does not know (a newer writer may add some). Every text is scanned on the
+way out (``scanned_data``), the last line of defence behind the recovery's own redactor (the
+report is already redacted), and a record read back is scanned again by its reader.
 """
 
 from __future__ import annotations
@@ -14,28 +14,16 @@ from typing import Any, Final
 
 from crashoverride._observe.report import RecoveryReport, SourceChange, Usage
 from crashoverride._security.audit import ToolCallRecord
+from crashoverride._security.redact import RedactedData, scanned_data
 
 KIND: Final = "crashoverride.recovery"
 VERSION: Final = 1
 SCHEMA: Final = f"{KIND}/{VERSION}"
 
 
-def masked(value: Any) -> Any:
-    from crashoverride._security.redact import MASK
-    from crashoverride._security.secrets import mask
-
-    if isinstance(value, str):
-        return mask(value, MASK)
-    if isinstance(value, dict):
-        return {key: masked(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [masked(item) for item in value]
-    return value
-
-
-def to_record(report: RecoveryReport) -> dict[str, Any]:
+def to_record(report: RecoveryReport) -> RedactedData:
     """``report`` as plain JSON types, with its schema."""
-    return {"schema": SCHEMA, **masked(dataclasses.asdict(report))}
+    return scanned_data({"schema": SCHEMA, **dataclasses.asdict(report)})
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from crashoverride._security.audit import ToolCallRecord
+from crashoverride._security.redact import EMPTY, Redacted, fixed
 
 Outcome = Literal["recovered", "repaired", "failed", "skipped"]
+REPAIR = fixed("repair")
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,10 +20,10 @@ class SourceChange:
     ``file`` is the backup of the previous source, or the ``.patch`` file for review.
     """
 
-    path: str
+    path: Redacted
     kind: Literal["written", "proposed"]
-    diff: str
-    file: str
+    diff: Redacted
+    file: Redacted
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,28 +58,30 @@ class RecoveryReport:
         fix_record: The id of the fix record this recovery published or applied.
     """
 
-    recovery_id: str
-    handler: str
-    fingerprint: str
-    exc_type: str
-    exception: str
-    traceback: str
+    # Every text is redactor output (``Redacted``): the report is what every sink is built
+    # from (the record, the ledger, Sentry, OpenTelemetry, the transcript, follow-ups).
+    recovery_id: Redacted
+    handler: Redacted
+    fingerprint: Redacted
+    exc_type: Redacted
+    exception: Redacted
+    traceback: Redacted
     outcome: Outcome
-    reason: str
-    via: str
-    model: str
-    diagnosis: str = ""
+    reason: Redacted
+    via: Redacted
+    model: Redacted
+    diagnosis: Redacted = EMPTY
     tool_calls: tuple[ToolCallRecord, ...] = ()
     usage: Usage = field(default_factory=Usage)
     turns: int = 0
     started_at: float = 0.0
     duration_ms: float = 0.0
     waited_ms: float = 0.0
-    mode: str = "repair"
+    mode: Redacted = REPAIR
     source_changes: tuple[SourceChange, ...] = ()
-    fleet_role: str = ""
+    fleet_role: Redacted = EMPTY
     fencing_token: int = 0
-    fix_record: str = ""
+    fix_record: Redacted = EMPTY
 
     @property
     def recovered(self) -> bool:

@@ -8,6 +8,10 @@ reported by whatever reports the application's errors (the ASGI and Celery integ
 excepthook), so this module only adds the report to that event, found by the recovery id in
 the note the exception carries. Events go through ``capture_event``: ``before_send``, the
 event scrubber and the client's options apply to them as to any other.
+
+The event this module sends passes the recovery's redactor as a whole, once the scopes have
+added their data: the exception's message, the frame's local variables (the SDK's scrubber
+knows only names), the scope's extras and breadcrumbs. The report it adds is redacted already.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import sentry_sdk
 from sentry_sdk.scope import add_global_event_processor, use_isolation_scope, use_scope
@@ -23,6 +28,7 @@ from sentry_sdk.utils import event_from_exception
 
 from crashoverride._observe.record import to_record
 from crashoverride._observe.transcript import render
+from crashoverride._security.redact import Redacted, RedactedData
 
 if TYPE_CHECKING:
     from sentry_sdk._types import Event
@@ -37,17 +43,19 @@ MECHANISM: Final = "crashoverride"
 _KEPT: Final = 256
 # The note ``_recovery`` adds to an exception a recovery did not recover.
 _NOTE: Final = re.compile(r"crashoverride: recovery (rec_[0-9a-f]+) ")
-_pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_pending: OrderedDict[str, RedactedData] = OrderedDict()
 _lock = threading.Lock()
 _installed = False
 
 
-def _scrubbed(record: dict[str, Any]) -> dict[str, Any]:
-    """The client's event scrubber applied to the report (it scrubs no context by itself)."""
+def _scrubbed(record: RedactedData) -> dict[str, Any]:
+    """The client's event scrubber applied to (a copy of) the report: it scrubs no context by
+    itself."""
+    copy = dict(record)
     scrubber = sentry_sdk.get_client().options.get("event_scrubber")
     if scrubber is not None:
-        scrubber.scrub_dict(record)
-    return record
+        scrubber.scrub_dict(copy)
+    return copy
 
 
 def _chain(exc: BaseException | None) -> list[BaseException]:
@@ -70,7 +78,7 @@ def _add_report(event: Event, hint: dict[str, Any]) -> Event:
             with _lock:
                 record = _pending.get(match[1])
             if record is not None:
-                event.setdefault("contexts", {})[CONTEXT] = _scrubbed(dict(record))
+                event.setdefault("contexts", {})[CONTEXT] = _scrubbed(record)
                 return event
     return event
 
@@ -84,12 +92,20 @@ def _install() -> None:
     add_global_event_processor(_add_report)
 
 
-class SentryWatch:
-    """One recovery, seen from the scopes it started in (the request's or task's)."""
+Redact = Callable[[Mapping[str, Any]], RedactedData]
 
-    def __init__(self) -> None:
+
+class SentryWatch:
+    """One recovery, seen from the scopes it started in (the request's or task's).
+
+    ``redact``: the recovery's redactor for documents (``Redactor.data``); every event this
+    watch sends is what it returns.
+    """
+
+    def __init__(self, redact: Redact) -> None:
         self.scope = sentry_sdk.get_current_scope()
         self.isolation = sentry_sdk.get_isolation_scope()
+        self.redact = redact
 
     def tool(self, record: ToolCallRecord) -> None:
         pass
@@ -116,6 +132,9 @@ class SentryWatch:
             sentry_sdk.new_scope() as scope,
         ):
             scope.set_context(CONTEXT, _scrubbed(record))
+            # The last processor to run (the current scope's come last), so it sees what every
+            # scope and integration added; before_send then sees the redacted event.
+            scope.add_event_processor(self._redacted)
             scope.set_tag("crashoverride.outcome", report.outcome)
             scope.set_tag("crashoverride.recovery_id", report.recovery_id)
             # The transcript quotes live values (what the agent read): sent only where the
@@ -128,13 +147,16 @@ class SentryWatch:
                 )
             sentry_sdk.capture_event(event, hint=hint)
 
+    def _redacted(self, event: Event, hint: dict[str, Any]) -> Event:
+        return cast("Event", self.redact(event))
+
 
 def start(rec: Any) -> SentryWatch | None:
     if not sentry_sdk.get_client().is_active():
         return None
     _install()
-    return SentryWatch()
+    return SentryWatch(rec.redact.data)
 
 
-def skipped(handler: str, reason: str) -> None:
+def skipped(handler: Redacted, reason: Redacted) -> None:
     pass  # the exception propagates: Sentry reports it with the note that says why

@@ -32,7 +32,7 @@ from crashoverride._diagnose.source import origin
 from crashoverride._observe import events
 from crashoverride._observe.report import SourceChange
 from crashoverride._security.gate import compile_agent
-from crashoverride._security.text import clip
+from crashoverride._security.redact import Redacted, clip, fixed
 
 REFUSED = (
     "source changes are off for this recovery: the application must pass "
@@ -50,7 +50,7 @@ class SourceEditor:
         allowed: bool,
         style: str,
         recovery_id: str,
-        redact: Callable[[str], str],
+        redact: Callable[[str], Redacted],
         fields: Callable[[], dict[str, Any]],
     ) -> None:
         self.allowed = allowed
@@ -130,18 +130,23 @@ class SourceEditor:
         )  # fmt: skip
         if not diff:
             return "no change: the file already has this source"
+        redact = self.redact
         if self.style == "patch":
             target = _create(f"{path}.{self.recovery_id}", ".patch", diff)
-            change = SourceChange(path=path, kind="proposed", diff=self.redact(diff), file=target)
+            change = SourceChange(
+                path=redact(path), kind="proposed", diff=redact(diff), file=redact(target)
+            )
         else:
             # The backup keeps the source's permission bits, so restoring it is a plain rename.
             mode = stat.S_IMODE(os.stat(path).st_mode)
             backup = _create(f"{path}.{self.recovery_id}", ".bak", before, mode)
             _replace(path, after)
-            change = SourceChange(path=path, kind="written", diff=self.redact(diff), file=backup)
+            change = SourceChange(
+                path=redact(path), kind="written", diff=redact(diff), file=redact(backup)
+            )
             self._last_written = True
         self.changes.append(change)
-        events.emit("warning", events.SOURCE_CHANGED, path=path, kind=change.kind,
+        events.emit("warning", events.SOURCE_CHANGED, path=change.path, kind=fixed(change.kind),
                   diff=clip(change.diff, 4_000), file=change.file, **self.fields())  # fmt: skip
         if change.kind == "proposed":
             return f"proposed: the patch for {path} was written to {change.file} for review"

@@ -27,6 +27,7 @@ from inspect import isawaitable
 from typing import TYPE_CHECKING, Any, Final
 
 from crashoverride._observe import events
+from crashoverride._security.redact import clip, scanned
 
 if TYPE_CHECKING:
     from crashoverride._core.recovery import Recovery
@@ -200,8 +201,8 @@ def told(recovery_id: str, fingerprint: str, reason: str) -> None:
         _told[recovery_id] = None
         while len(_told) > _MAX_RECIPES:
             _told.popitem(last=False)
-    events.emit("warning", events.RECIPE_WITHHELD, reason=reason, recovery_id=recovery_id,
-              fingerprint=fingerprint)  # fmt: skip
+    events.emit("warning", events.RECIPE_WITHHELD, reason=scanned(reason),
+              recovery_id=scanned(recovery_id), fingerprint=scanned(fingerprint))  # fmt: skip
 
 
 async def _recorded_async(value: Any, statements: str, snippets: list[str]) -> Any:
@@ -218,7 +219,7 @@ async def replay(rec: Recovery, recipe: Recipe, agent_call: Dispatch, judge: Job
         try:
             await agent_call(functools.partial(workspace.execute, snippet))
         except Exception as exc:
-            events.emit("info", events.RECIPE_FAILED, error=rec.redact(repr(exc))[:300],
+            events.emit("info", events.RECIPE_FAILED, error=clip(rec.redact(repr(exc)), 300),
                       **rec.fields())  # fmt: skip
             return False
     workspace.take_output()

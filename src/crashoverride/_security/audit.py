@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from crashoverride._security.text import clip
+from crashoverride._security.redact import EMPTY, Redacted, clip, fixed
 
 
 class ApprovalRequest(str):
@@ -84,6 +84,9 @@ class ApprovalRequest(str):
         return cls.of(tool, data, source)
 
 
+BUILTIN = fixed("builtin")
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCallRecord:
     """One tool call the agent made, in order, denied ones included.
@@ -97,15 +100,16 @@ class ToolCallRecord:
         source: ``"builtin"``, ``"application"`` (``tools=``) or ``"mcp"``.
     """
 
-    tool: str
-    code: str
-    result: str
+    # Every text redacted (it reaches the report, events, Sentry, OpenTelemetry).
+    tool: Redacted
+    code: Redacted
+    result: Redacted
     ok: bool
     duration_ms: float
-    approved_by: str = ""
-    source: str = "builtin"
+    approved_by: Redacted = EMPTY
+    source: Redacted = BUILTIN
 
-    def event_fields(self) -> dict[str, object]:
+    def event_fields(self) -> dict[str, Redacted | bool | float]:
         """The fields of its ``*.tool_called`` event: one shape for every audit line."""
         return {
             "tool": self.tool, "source": self.source, "code": clip(self.code, 1_000),

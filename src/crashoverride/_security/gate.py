@@ -24,7 +24,8 @@ from typing import Any, Final, Protocol
 
 from crashoverride._placement.bridge import Dispatch
 from crashoverride._security.audit import ApprovalRequest, ToolCallRecord
-from crashoverride._security.text import clip, format_tool_error, render_value
+from crashoverride._security.redact import Redacted, clip
+from crashoverride._security.text import format_tool_error, render_value
 
 NOT_REQUIRED: Final = "not required (no approve= configured)"
 
@@ -46,8 +47,9 @@ class Audited(Protocol):
     @property
     def state(self) -> _Trail: ...
 
-    def redact(self, text: str) -> str: ...
-    def fence(self, text: str, label: str) -> str: ...
+    # The model sees only redactor output: what is fenced is ``Redacted`` already.
+    def redact(self, text: str) -> Redacted: ...
+    def fence(self, text: Redacted, label: str) -> str: ...
     def on_tool(self, record: ToolCallRecord) -> None: ...
 
 
@@ -118,9 +120,10 @@ class Gate:
         job = self.job
         duration = round((time.perf_counter() - started) * 1000, 3)
         # Redacted before clipping: a cut must not split a secret the detector then misses.
+        redact = job.redact
         record = ToolCallRecord(
-            call.tool, clip(job.redact(str(call)), 4_000), clip(job.redact(result), 4_000), ok,
-            duration, by, call.source,
+            redact(call.tool), clip(redact(str(call)), 4_000), clip(redact(result), 4_000), ok,
+            duration, redact(by), redact(call.source),
         )  # fmt: skip
         job.state.records.append(record)
         job.on_tool(record)
@@ -138,7 +141,9 @@ def _text_of(output: Any) -> str:
     return render_value(output)
 
 
-def _shielded(output: Any, redact: Callable[[str], str], fence: Callable[[str], str]) -> Any:
+def _shielded(
+    output: Any, redact: Callable[[str], Redacted], fence: Callable[[Redacted], str]
+) -> Any:
     """``output`` for the model: every text part redacted and fenced, images kept."""
     if isinstance(output, str):
         return fence(redact(output))

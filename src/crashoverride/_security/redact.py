@@ -1,7 +1,8 @@
 """Keep secrets out of everything a recovery sends or records: the one choke point.
 
 Every channel (the prompt, the locals summary, tool results, events, the report, notes,
-follow-ups, cassettes) passes its text through a ``Redactor``. It masks, in any text:
+follow-ups, cassettes, Sentry, OpenTelemetry, the ledger) passes its text through a
+``Redactor``. It masks, in any text:
 
 - known secret values: values under secret-looking names in the failed frame's locals and
   inside them (a bounded walk, ``_masking.secret_values``),
@@ -9,6 +10,13 @@ follow-ups, cassettes) passes its text through a ``Redactor``. It masks, in any 
   password of a ``DATABASE_URL``), the configured ``api_key``, the application's ``Redaction``;
 - secrets recognised by their value (``_secrets``): provider keys, JWTs, private keys,
   credentials in URLs and headers, credential-looking values after secret-looking names.
+
+By construction: what the redactor returns is typed ``Redacted`` (``RedactedData`` for a JSON
+document), this module alone makes one, and every sink takes only these types, so text that
+skipped the redactor is a type error (``mypy --strict``; ``tests/architecture/test_redacted.py``
+keeps the constructors here and the sinks' parameters typed). Text with no recovery at hand
+(an event of the fleet link, a record read back) goes through ``scanned``: the rules every
+redactor applies, and this process's secret environment values.
 """
 
 from __future__ import annotations
@@ -17,15 +25,27 @@ import functools
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable
-from typing import Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NewType, Protocol, overload
 
 from crashoverride._security import secrets
 from crashoverride._security.secrets import is_secret_name
 
-__all__ = ["MASK", "Redaction", "Redactor", "is_secret_name"]
+__all__ = [
+    "EMPTY", "MASK", "Redacted", "RedactedData", "Redaction", "Redactor", "clip", "fixed",
+    "is_secret_name", "scanned", "scanned_data",
+]  # fmt: skip
+
+Redacted = NewType("Redacted", str)
+"""Text as a redactor returned it: the only text a sink (a model request, an event, a note,
+the report, a cassette, Sentry, OpenTelemetry) accepts. Concatenating two gives a plain ``str``
+again: a composition is redacted as a whole (two harmless halves may make one key)."""
+
+RedactedData = NewType("RedactedData", dict[str, Any])
+"""A JSON-like document every string of which (keys too) a redactor returned."""
 
 MASK = "[REDACTED]"
+EMPTY = Redacted("")
 # Shorter values are too likely to collide with ordinary text to be masked by value.
 _MIN_SECRET_LENGTH = 6
 
@@ -114,20 +134,122 @@ class Redactor:
         policy = self._policy
         return _secret_under(policy.names if policy is not None else (), name)
 
-    def __call__(self, text: str) -> str:
+    def __call__(self, text: str) -> Redacted:
         if self._pattern is not None:
             text = self._pattern.sub(MASK, text)
-        return secrets.mask(text, MASK, self.is_secret)
+        return Redacted(secrets.mask(text, MASK, self.is_secret))
 
-    def constant(self, text: str) -> str:
+    def constant(self, text: str, slots: Mapping[str, str] | None = None) -> Redacted:
         """``self(text)`` for text every recovery sends again (the instructions): the value
-        scan of it is remembered, as it depends only on the text and the name rules."""
+        scan of it is remembered, as it depends only on the text and the name rules.
+
+        ``slots``: placeholders in ``text`` and what replaces each after the scan (a fresh
+        fence id), each value redacted on its own, so the cached scan still covers the rest.
+        """
         if self._pattern is not None:
             text = self._pattern.sub(MASK, text)
         if len(text) > _CONSTANT_LIMIT:
-            return secrets.mask(text, MASK, self.is_secret)
-        policy = self._policy
-        return _scanned(text, policy.names if policy is not None else ())
+            text = secrets.mask(text, MASK, self.is_secret)
+        else:
+            policy = self._policy
+            text = _scanned(text, policy.names if policy is not None else ())
+        for slot, value in (slots or {}).items():
+            text = text.replace(slot, self(value))
+        return Redacted(text)
+
+    def data(self, value: Mapping[str, Any]) -> RedactedData:
+        """``value`` (JSON-like: mappings, sequences, scalars) with every string redacted, its
+        keys too, and any string under a secret-looking key masked whole."""
+        return RedactedData(_walk(value, self, self.is_secret))
+
+
+def _walk(value: Any, redact: Callable[[str], str], is_secret: Callable[[str], bool]) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {
+            (redact(key) if isinstance(key, str) else key): (
+                MASK
+                if isinstance(key, str) and isinstance(item, str) and item and is_secret(key)
+                else _walk(item, redact, is_secret)
+            )
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_walk(item, redact, is_secret) for item in value]
+    return value  # numbers, None, and objects a sink serialises itself (timestamps)
+
+
+def scanned(text: str) -> Redacted:
+    """``text`` redacted with no recovery at hand: the built-in rules and this process's secret
+    environment values (an event of the fleet link, an internal error, a record read back)."""
+    return _default()(text)
+
+
+def scanned_data(value: Mapping[str, Any]) -> RedactedData:
+    """``scanned`` for a JSON-like document."""
+    return _default().data(value)
+
+
+def fixed(text: str) -> Redacted:
+    """A constant of crashoverride's own (an event name, a fixed message), scanned all the same
+    under the built-in rules, so no constant is exempt. Cheap enough for import time: a text
+    with no ``=``, ``:`` or key prefix compiles no pattern."""
+    return Redacted(secrets.mask(text, MASK))
+
+
+_default_lock = threading.Lock()
+_default_cache: tuple[frozenset[str], Redactor] | None = None
+
+
+def _default() -> Redactor:
+    """The redactor of no recovery, rebuilt only when the environment's secrets change."""
+    global _default_cache
+    values = _environment_secrets(())
+    cached = _default_cache
+    if cached is not None and cached[0] is values:
+        return cached[1]
+    redactor = Redactor()
+    with _default_lock:
+        _default_cache = (values, redactor)
+    return redactor
+
+
+@overload
+def clip(text: Redacted, limit: int) -> Redacted: ...
+@overload
+def clip(text: str, limit: int) -> str: ...
+def clip(text: str, limit: int) -> str:
+    """Keep the head and tail of ``text`` within ``limit`` characters, marking the cut.
+
+    A secret the cut would halve is left out whole: half a key is too short for the redactor
+    to recognise, and still half a key. So a clipped ``Redacted`` is still one: it holds only
+    whole pieces of the text, and a marker of ours between them.
+    """
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 60, 20)
+    head = keep * 2 // 3
+    tail = len(text) - (keep - head)
+    halved = _secret_across(text, head)
+    if halved is not None:
+        head = halved[0]
+    halved = _secret_across(text, tail)
+    if halved is not None:
+        tail = halved[1]
+    return f"{text[:head]}\n... [{tail - head} characters elided] ...\n{text[tail:]}"
+
+
+_WINDOW = 600  # longer than any secret format the detector knows, PEM blocks aside
+
+
+def _secret_across(text: str, cut: int) -> tuple[int, int] | None:
+    """The span of a secret that straddles ``cut``, if one does."""
+    offset = max(cut - _WINDOW, 0)
+    for start, end in secrets.spans(text[offset : cut + _WINDOW]):
+        if start + offset < cut < end + offset:
+            return start + offset, end + offset
+    return None
 
 
 def _secret_under(names: tuple[re.Pattern[str], ...], name: str) -> bool:

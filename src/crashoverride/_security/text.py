@@ -15,7 +15,8 @@ from typing import Any
 
 from crashoverride._security.masking import MaskingRepr, hidden, masking_repr
 from crashoverride._security.redact import MASK
-from crashoverride._security.secrets import is_secret_name, spans
+from crashoverride._security.redact import clip as clip  # at home with the redactor: see there
+from crashoverride._security.secrets import is_secret_name
 
 TRACEBACK_LIMIT = 12_000
 MESSAGE_LIMIT = 2_000
@@ -23,38 +24,6 @@ RESULT_LIMIT = 4_000
 LOCALS_LIMIT = 4_000
 _HEAD_FRAMES = 8
 _TAIL_FRAMES = 24
-
-
-def clip(text: str, limit: int) -> str:
-    """Keep the head and tail of ``text`` within ``limit`` characters, marking the cut.
-
-    A secret the cut would halve is left out whole: half a key is too short for the redactor
-    to recognise, and still half a key.
-    """
-    if len(text) <= limit:
-        return text
-    keep = max(limit - 60, 20)
-    head = keep * 2 // 3
-    tail = len(text) - (keep - head)
-    halved = _secret_across(text, head)
-    if halved is not None:
-        head = halved[0]
-    halved = _secret_across(text, tail)
-    if halved is not None:
-        tail = halved[1]
-    return f"{text[:head]}\n... [{tail - head} characters elided] ...\n{text[tail:]}"
-
-
-_WINDOW = 600  # longer than any secret format the detector knows, PEM blocks aside
-
-
-def _secret_across(text: str, cut: int) -> tuple[int, int] | None:
-    """The span of a secret that straddles ``cut``, if one does."""
-    offset = max(cut - _WINDOW, 0)
-    for start, end in spans(text[offset : cut + _WINDOW]):
-        if start + offset < cut < end + offset:
-            return start + offset, end + offset
-    return None
 
 
 def _short_repr(is_secret: Callable[[str], bool] = is_secret_name) -> MaskingRepr:

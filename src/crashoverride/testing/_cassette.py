@@ -19,12 +19,12 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from crashoverride._agent.prompt import without_fence_ids
-from crashoverride._security.redact import Redactor
+from crashoverride._security.redact import RedactedData, Redactor
 from crashoverride.testing._chat import DECISIVE_FIELDS, decisive
 
 FORMAT = "crashoverride-cassette/1"
@@ -63,8 +63,12 @@ def _path_roots() -> list[tuple[str, str]]:
     return sorted(usable, key=lambda pair: len(pair[0]), reverse=True)
 
 
-def make_scrubber(secrets: Iterable[str] = ()) -> Callable[[Any], Any]:
-    """A function that redacts and normalises every string inside a JSON value."""
+def make_scrubber(secrets: Iterable[str] = ()) -> Callable[[Mapping[str, Any]], RedactedData]:
+    """A function that redacts and normalises every string inside a JSON document.
+
+    Redacted first (a secret must be masked whole, before a path inside it becomes a
+    placeholder), normalised, then redacted as a whole again: what a cassette stores is the
+    redactor's output (``RedactedData``), the normalising included."""
     redact = Redactor(secrets)
     roots = _path_roots()
 
@@ -84,7 +88,7 @@ def make_scrubber(secrets: Iterable[str] = ()) -> Callable[[Any], Any]:
             return {key: scrub(item) for key, item in value.items()}
         return value
 
-    return scrub
+    return lambda value: redact.data(scrub(value))
 
 
 class Cassette:
@@ -129,8 +133,9 @@ class Cassette:
     def __len__(self) -> int:
         return len(self.interactions)
 
-    def record(self, request: dict[str, Any], response: dict[str, Any], scrub: Any) -> None:
-        self.interactions.append({"request": scrub(decisive(request)), "response": scrub(response)})
+    def record(self, request: RedactedData, response: RedactedData) -> None:
+        """Add one exchange, as ``make_scrubber`` left it (``request``: its decisive fields)."""
+        self.interactions.append({"request": request, "response": response})
 
     def response_for(self, turn: int, request: dict[str, Any], scrub: Any) -> dict[str, Any]:
         """The recorded response of ``turn`` (1-based) if ``request`` matches its recording."""

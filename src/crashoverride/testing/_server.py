@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from crashoverride.testing._cassette import Cassette, CassetteError, make_scrubber
-from crashoverride.testing._chat import completion_for_turn, error_body
+from crashoverride.testing._chat import completion_for_turn, decisive, error_body
 from crashoverride.testing._http import ReceivedRequest, Reply, ServerThread
 from crashoverride.testing._steps import Script, StepLike, Turn, as_script
 
@@ -262,7 +262,8 @@ class MockServer:
             return Reply(502, error_body(f"upstream failed: {exc}", "upstream_error"))
         assert self.cassette is not None
         with self._lock:
-            self.cassette.record(body, completion, make_scrubber([key, token]))
+            scrub = make_scrubber([key, token])
+            self.cassette.record(scrub(decisive(body)), scrub(completion))
             if self.cassette.path is not None:
                 self.cassette.save()
         return Reply(completion=completion)

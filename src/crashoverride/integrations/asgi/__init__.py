@@ -247,7 +247,7 @@ class CrashOverrideMiddleware:
             raise member from None
         except anyio.get_cancelled_exc_class():
             # Never swallowed; the note says why the application's exception is its context.
-            exc.add_note("crashoverride: recovery cancelled: the request was cancelled")
+            integration.note(exc, "crashoverride: recovery cancelled: the request was cancelled")
             raise
         if isinstance(outcome, BaseException):
             raise outcome from exc  # the agent's ``raise_instead``
@@ -259,7 +259,8 @@ class CrashOverrideMiddleware:
             await send_response(send, response)
         except Exception as problem:
             # Our own I/O: the client only sees that the request failed, and so does the log.
-            exc.add_note(f"crashoverride: recovered, but the response was not sent: {problem!r}")
+            integration.note(exc, f"crashoverride: recovered, but the response was not sent: "
+                             f"{problem!r}")  # fmt: skip
             return False
         return True
 
@@ -321,7 +322,7 @@ class CrashOverrideMiddleware:
                 group.cancel_scope.cancel()
         if outcome is None:
             if exchange.disconnected:
-                exc.add_note("crashoverride: recovery cancelled: the client disconnected")
+                integration.note(exc, "crashoverride: recovery cancelled: the client disconnected")
             return None
         try:
             recovered = integration.settle(self.handler, outcome, exc)

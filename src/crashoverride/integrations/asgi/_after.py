@@ -165,11 +165,8 @@ class BackgroundRecovery:
             return replacement
         if not recovered and queued.after:
             names = ", ".join(task_names(queued.after))
-            try:
-                exc.add_note(f"crashoverride: the background tasks queued after it did not "
+            integration.note(exc, f"crashoverride: the background tasks queued after it did not "
                              f"run: {names}")  # fmt: skip
-            except Exception:  # an exception type that refuses notes: the events say it
-                pass
         return recovered
 
     async def run(self, tasks: list[Any]) -> None:

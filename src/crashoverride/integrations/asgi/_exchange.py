@@ -13,6 +13,8 @@ from typing import Any
 
 import anyio
 
+from crashoverride import integration
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -340,11 +342,9 @@ def outranking(group: BaseExceptionGroup[BaseException]) -> BaseException | None
 
 def failed_internally(exc: BaseException, problem: BaseException) -> None:
     """crashoverride broke while handling ``exc``: say so on it (it is re-raised) and log it."""
-    exc.add_note(f"crashoverride: failed internally, the original exception is re-raised: "
-                 f"{problem!r}")  # fmt: skip
+    integration.note(exc, f"crashoverride: failed internally, the original exception is "
+                     f"re-raised: {problem!r}")  # fmt: skip
     try:
-        from crashoverride import integration
-
         integration.emit(
             "error", integration.RECOVERY_FAILED, reason=f"internal error: {problem!r}",
             exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
