@@ -1,1 +1,10 @@
-"""_security."""
+"""What keeps a recovery safe: secrets, redaction, fences, the verdict, the gate, the audit trail.
+
+Modules: ``secrets`` (secrets recognised by their value), ``masking`` (secret-named keys inside
+values), ``redact`` (the redactor: everything that leaves the process passes it), ``text``
+(bounded renderings of exceptions and values), ``verdict`` (what a check's return value means),
+``audit`` (``ApprovalRequest`` and ``ToolCallRecord``), ``gate`` (every tool call and every run
+of agent code: approval, execution, audit record; ``exec``/``eval``/``compile`` live here only).
+
+May import: ``_errors``, ``_placement``.
+"""
