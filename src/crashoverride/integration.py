@@ -25,7 +25,6 @@ and the caller re-raises the user's exception. The recovery algorithm itself liv
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from crashoverride._config.settings import UNSET
 from crashoverride._core.block import Block, call_block, result_view
@@ -101,13 +100,13 @@ def settle(handler: Handler, outcome: Outcome | None, exc: BaseException) -> boo
     return handler._settle(outcome, exc)
 
 
-def skip(handler: Handler, exc: BaseException, reason: str, **fields: Any) -> None:
+def skip(handler: Handler, exc: BaseException, reason: str, **fields: object) -> None:
     """Record that ``exc`` is not recovered, and why, without running anything: one
     ``recovery.skipped`` event and a note on the exception."""
     from crashoverride._core.recovery import add_note, fingerprint
     from crashoverride._observe import events, observers
 
-    name = handler.settings.name or fields.pop("kind", "block")
+    name = handler.settings.name or str(fields.pop("kind", "block"))
     events.emit(
         "warning", events.SKIPPED, reason=reason, fingerprint=fingerprint(exc),
         exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}", handler=name, **fields,
@@ -121,7 +120,7 @@ def redactor(handler: Handler) -> Redactor:
     return Redactor.for_settings(handler.settings)
 
 
-def emit(level: str, event: str, **fields: Any) -> None:
+def emit(level: str, event: str, **fields: object) -> None:
     """Emit a structlog event the way the core does (a broken log pipeline never raises)."""
     from crashoverride._observe import events
 

@@ -14,7 +14,7 @@ import concurrent.futures
 import time
 from typing import TYPE_CHECKING, Any
 
-from crashoverride._agent.state import RunState
+from crashoverride._agent.state import AgentRun, RunState
 from crashoverride._core.block import Block
 from crashoverride._followups.job import FOLLOWUP_PROMPT, FollowupJob, FollowupResult, render_report
 from crashoverride._followups.session import job_fields
@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 
 class FollowupRecord:
     """The pipeline's record of one follow-up (see ``_recovery.Recovery`` for a recovery's)."""
-
-    coordinated = False
 
     def __init__(self, job: FollowupJob, settings: Settings, runner: str) -> None:
         self.job = job
@@ -108,7 +106,7 @@ class FollowupRecord:
 
     # -- conclusions -------------------------------------------------------------------------
 
-    def concluded(self, run: Any, verdict: str | None) -> FollowupResult:
+    def concluded(self, run: AgentRun | None, verdict: str | None) -> FollowupResult:
         state = self.state
         failure = run.failure if run is not None else "the agent did not run"
         if state.gave_up is not None:

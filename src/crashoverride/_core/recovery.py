@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from crashoverride._admission.limits import Flight, Limits
-from crashoverride._agent.state import NO_RESULT, RunState
+from crashoverride._agent.state import NO_RESULT, AgentRun, RunState
 from crashoverride._config.settings import Settings
 from crashoverride._core.block import Block
 from crashoverride._observe import events, observers
@@ -26,6 +26,8 @@ from crashoverride._security.redact import Redactor, name_rule
 from crashoverride._security.text import clip, describe_exception, format_traceback
 
 if TYPE_CHECKING:
+    from crashoverride._agent.run import AgentJob
+    from crashoverride._core.followup import FollowupRecord
     from crashoverride._followups.session import Run
 
 
@@ -89,8 +91,6 @@ def add_note(exc: BaseException, note: str) -> None:
 
 class Recovery:
     """One recovery's bookkeeping; the steps themselves are in ``_pipeline``."""
-
-    coordinated = True  # admission, single-flight and slots apply
 
     def __init__(
         self,
@@ -159,7 +159,7 @@ class Recovery:
         events.emit("info", events.TOOL_CALLED, **record.event_fields(), **self._fields)
         self.watch.tool(record)
 
-    def prepare(self) -> Any:
+    def prepare(self) -> AgentJob:
         """Step 4, run in the owner's thread: the agent's namespace and texts."""
         from crashoverride._core.prepare import prepare
 
@@ -171,7 +171,9 @@ class Recovery:
 
     # -- the report ------------------------------------------------------------------------
 
-    def _report(self, outcome: str, reason: str, via: str, run: Any = None) -> RecoveryReport:
+    def _report(
+        self, outcome: str, reason: str, via: str, run: AgentRun | None = None
+    ) -> RecoveryReport:
         state = self.state
         return RecoveryReport(
             recovery_id=self.id,
@@ -205,7 +207,7 @@ class Recovery:
     def skipped(self, reason: str) -> Decision:
         return self._finish("skipped", reason, "none", None, events.SKIPPED, "warning")
 
-    def replayed(self, value: Any) -> Decision:
+    def replayed(self, value: object) -> Decision:
         reason = "replayed after a concurrent recovery"
         return self._finish("recovered", reason, "replay", None, events.SUCCEEDED, "info", value)
 
@@ -224,7 +226,7 @@ class Recovery:
         self.running = False  # says nothing about the failure: the breaker does not learn it
         self._finish("failed", reason, "none", None, events.CANCELLED, "warning")
 
-    def concluded(self, run: Any, verdict: str | None) -> Decision:
+    def concluded(self, run: AgentRun | None, verdict: str | None) -> Decision:
         """The agent run ended (``run``); ``verdict`` is None when the block's check held."""
         state = self.state
         failure = run.failure if run is not None else "the agent did not run"
@@ -253,10 +255,10 @@ class Recovery:
         outcome: str,
         reason: str,
         via: str,
-        run: Any,
+        run: AgentRun | None,
         event: str,
         level: str,
-        value: Any = None,
+        value: object = None,
     ) -> Decision:
         # What "recovered" means for a repair-only block: the code, not this occurrence.
         repaired = outcome == "recovered" and self.repair_only
@@ -331,7 +333,7 @@ class Recovery:
         self.editor = None
 
 
-def drop_references(record: Any) -> None:
+def drop_references(record: Recovery | FollowupRecord) -> None:
     """What every pipeline record does at its end: close the namespace, release the block."""
     workspace, record.workspace = record.workspace, None
     if workspace is not None:

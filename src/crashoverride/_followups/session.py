@@ -11,6 +11,7 @@ from crashoverride._followups.job import (
     MAX_PER_RECOVERY,
     OBJECTIVE_LIMIT,
     FollowupJob,
+    FollowupResult,
     new_id,
 )
 from crashoverride._observe import events
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from crashoverride._config.settings import Settings
 
 # How a job runs once its runner starts it: ``_core.followup.run_job``, handed in by the core.
-Run = Callable[[FollowupJob, "Settings", str], Awaitable[Any]]
+Run = Callable[[FollowupJob, "Settings", str], Awaitable[FollowupResult]]
 
 
 class FollowupSession:
