@@ -17,6 +17,16 @@ the package's public names; a new integration (Django, arq, a queue consumer) is
             raise  # the original exception, untouched but for a note saying why
         value = outcome.value
 
+A ``Block``'s ``brief`` (what the unit is, for the agent) is a ``Brief``: text you wrote,
+shown as instructions, and the values of this occurrence, each fenced as data::
+
+    integration.Brief(
+        "This is the Kafka message shown above (`topic`, `key`). Finish with set_result(...).",
+        topic=message.topic, key=message.key,
+    )
+
+Never put what the message, request or task brought into the text: only a value is fenced.
+
 ``recover`` / ``arecover`` never raise for a failure of crashoverride's own: they return None
 and the caller re-raises the user's exception. The recovery algorithm itself lives in
 ``crashoverride/_pipeline.py``.
@@ -36,6 +46,7 @@ from crashoverride._observe.events import FAILED as RECOVERY_FAILED
 from crashoverride._observe.events import FOLLOWUP_UNCONSUMED
 from crashoverride._observe.events import SKIPPED as RECOVERY_SKIPPED
 from crashoverride._observe.events import WARM_UP_FAILED as RECOVERY_WARM_UP_FAILED
+from crashoverride._security.brief import Brief
 from crashoverride._security.masking import mask_fields, mask_query
 from crashoverride._security.redact import MASK, Redactor, is_secret_name
 from crashoverride._security.text import clip
@@ -50,6 +61,7 @@ __all__ = [
     "RECOVERY_WARM_UP_FAILED",
     "UNSET",
     "Block",
+    "Brief",
     "Outcome",
     "Redactor",
     "arecover",

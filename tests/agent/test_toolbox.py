@@ -132,7 +132,7 @@ def test_the_prompt_describes_the_helpers_of_its_mode(persistence: str | None) -
 
 
 def test_the_call_brief_describes_set_result_and_rerun() -> None:
-    brief = _flat(CALL_BRIEF.format(name="charge"))
+    brief = _flat(CALL_BRIEF)
     returns = [helper for helper in toolbox.HELPERS if helper.when == "returns"]
     assert {helper.name for helper in returns} == {"set_result", "rerun"}
     for helper in returns:

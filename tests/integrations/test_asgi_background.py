@@ -95,7 +95,8 @@ def test_failed_background_task_is_rerun_and_the_rest_run_in_order(
     assert model.remaining_steps == 0
     name = "asend_welcome" if path == "/asignup" else "send_welcome"
     assert tool_outputs(model)[0] == f"('{name}', ('{EMAIL}',), {{'subject': 'Welcome!'}})"
-    assert f"background task `{name}`" in first_input(model)
+    # The task's name and the ones queued after it are values: fenced, under their labels.
+    assert f'source="task">\n{name}\n' in first_input(model)
     assert "count_signup" in first_input(model)  # the agent is told what waits behind it
     assert recovery_events(logs)[0] == "recovery.started"
     assert recovery_events(logs)[-1] == "recovery.succeeded"

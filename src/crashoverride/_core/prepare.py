@@ -84,8 +84,7 @@ def prepare(rec: Recovery) -> AgentJob:
         exception=rec.exception_text,
         traceback_text=rec.traceback_text,
         locals_summary=redact(summarize_locals(shown, is_secret=redact.is_secret)),
-        block_brief=redact(block.brief),
-        block_data={label: redact(value) for label, value in block.data.items()},
+        block_brief=block.brief.render(fence, redact),  # its values fenced, each redacted
         location=redact(location),
     )
     return AgentJob(
