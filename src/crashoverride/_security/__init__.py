@@ -2,7 +2,8 @@
 
 Modules: ``secrets`` (secrets recognised by their value), ``masking`` (secret-named keys inside
 values), ``redact`` (the redactor: everything that leaves the process passes it), ``text``
-(bounded renderings of exceptions and values), ``verdict`` (what a check's return value means),
+(bounded renderings of exceptions and values), ``brief`` (a brief: trusted text we write,
+and the occurrence's values, always fenced), ``verdict`` (what a check's return value means),
 ``audit`` (``ApprovalRequest`` and ``ToolCallRecord``), ``gate`` (every tool call and every run
 of agent code: approval, execution, audit record; ``exec``/``eval``/``compile`` live here only).
 
