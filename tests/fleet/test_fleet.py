@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 from crashoverride import ApprovalRequest, ConfigurationError, CrashOverride, RedisCoordination
 from crashoverride._admission.coordination import InProcess
+from crashoverride.testing import done, script
 from tests.e2e.test_import import _run as run_python
 from tests.fleet.support import (
     FLEET_KEY,
@@ -375,6 +376,55 @@ def test_approve_sees_a_propagated_fix_before_it_runs(url: str, approver: str) -
     assert "internal error" not in caught.value.__notes__[0]  # the agent ran instead
 
 
+def _trail(calls: Any) -> list[tuple[Any, ...]]:
+    return [(c["tool"], c["source"], c["ok"], c["approved_by"]) if isinstance(c, dict)
+            else (c.tool, c.source, c.ok, c.approved_by) for c in calls]  # fmt: skip
+
+
+def test_a_fix_applied_on_failure_passes_the_handlers_approver_and_is_audited(url: str) -> None:
+    leader = fixed_elsewhere(url)
+    seen: list[ApprovalRequest] = []
+
+    def reviewer(request: ApprovalRequest) -> bool:
+        seen.append(request)
+        return True
+
+    reports: list[Any] = []
+    later = CrashOverride(model=script(), coordination=fleet(url), on_recovery=reports.append)
+
+    @later.handler(approve=reviewer)  # the handler's approver, the application has none
+    def later_job(i: int) -> int:
+        return transform(i)
+
+    with capture_logs() as logs:
+        assert later_job(3) == 30
+    close_fleet(leader, later)
+    assert [(r.tool, r.source) for r in seen] == [("apply_fix", "fleet")]
+    (report,) = reports
+    trail = [("apply_fix", "fleet", True, f"approved by {reviewer.__qualname__}")]
+    assert _trail(report.tool_calls) == trail
+    assert "return value * 10" in report.tool_calls[0].code  # the code that ran
+    assert _trail(events(logs, "recovery.tool_called")) == trail
+
+
+def test_diagnose_mode_never_applies_a_fleet_fix(url: str) -> None:
+    leader = fixed_elsewhere(url)
+    model = script(done("the diagnosis"))
+    later = CrashOverride(model=model, coordination=fleet(url), mode="diagnose")
+
+    @later.handler()
+    def later_job(i: int) -> int:
+        return transform(i)
+
+    with capture_logs() as logs, pytest.raises(NotImplementedError):
+        later_job(3)
+    close_fleet(leader, later)
+    assert transform.__code__ is ORIGINAL  # nothing was changed
+    (refused,) = events(logs, "fleet.fix_refused")
+    assert "diagnose" in refused["reason"]
+    assert len(model.calls) == 1  # the diagnosis ran instead
+
+
 # --------------------------------------------------------------------- takeover and breakers
 
 
@@ -602,6 +652,46 @@ async def test_an_eager_process_takes_each_record_once(url: str) -> None:
     close_fleet(eager)
     assert len(asked) == 1, asked
     assert len(events(logs, "fleet.fix_refused")) == 1
+
+
+@pytest.mark.anyio
+async def test_an_eager_fix_passes_the_approver_and_is_audited_as_an_event(url: str) -> None:
+    def reviewer(request: ApprovalRequest) -> bool:
+        return request.tool == "apply_fix"
+
+    eager = CrashOverride(model=script(), timeout=20, approve=reviewer,
+                          coordination=fleet(url, apply_fixes="eager"))  # fmt: skip
+    with capture_logs() as logs:
+        await eager.awarm_up()
+        await await_for(lambda: _subscribers(url) == 1)
+        source = "def transform(value):\n    return value * 7\n"
+        await anyio.to_thread.run_sync(_publish_by_hand, url, source)
+        with anyio.fail_after(10):
+            await await_for(lambda: events(logs, "fleet.fix_applied"))
+    close_fleet(eager)
+    assert transform(3) == 21
+    (called,) = events(logs, "fleet.tool_called")  # no report: the event is the audit line
+    assert _trail([called]) == [
+        ("apply_fix", "fleet", True, f"approved by {reviewer.__qualname__}")
+    ]
+    assert "return value * 7" in called["code"] and called["fleet_role"] == "eager"
+
+
+@pytest.mark.anyio
+async def test_an_eager_process_in_diagnose_mode_applies_nothing(url: str) -> None:
+    eager = CrashOverride(model=script(), timeout=20, mode="diagnose",
+                          coordination=fleet(url, apply_fixes="eager"))  # fmt: skip
+    with capture_logs() as logs:
+        await eager.awarm_up()
+        await await_for(lambda: _subscribers(url) == 1)
+        source = "def transform(value):\n    return value * 7\n"
+        await anyio.to_thread.run_sync(_publish_by_hand, url, source)
+        with anyio.fail_after(10):
+            await await_for(lambda: events(logs, "fleet.fix_refused"))
+    close_fleet(eager)
+    assert transform.__code__ is ORIGINAL
+    assert "diagnose" in events(logs, "fleet.fix_refused")[0]["reason"]
+    assert events(logs, "fleet.fix_applied") == []
 
 
 def _announce_again(url: str) -> None:

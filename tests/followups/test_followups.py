@@ -15,15 +15,17 @@ import pytest
 from agents.testing import function_call
 from structlog.testing import capture_logs
 
-from crashoverride import ConfigurationError, CrashOverride
+from crashoverride import ApprovalRequest, ConfigurationError, CrashOverride
 from crashoverride.followups import (
     FollowupJob,
     SubprocessRunner,
     TaskGroupRunner,
     ThreadRunner,
     render_report,
+    run_payload,
     using,
 )
+from crashoverride.testing import done, exec_python, script
 from tests.helpers import done_step, exec_step, give_up_step, scripted
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -302,3 +304,80 @@ def test_settings_are_validated_eagerly() -> None:
         CrashOverride().handler(followup=3)  # type: ignore[arg-type]
     handler = CrashOverride(followups=["a"]).handler(followup="b", followups=["a", "c"])
     assert set(handler.settings.followups) == {"a", "b", "c"}
+
+
+# -- the gate, in every runner: the recovery's mode, its approver, the audit trail --------------
+
+MARKS: list[str] = []  # follow-up agent code of the tests below appends here
+
+
+def _mark(text: str) -> str:
+    """A snippet that leaves ``text`` in ``MARKS`` (a follow-up's globals are its own)."""
+    return f"__import__({__name__!r}, fromlist=['MARKS']).MARKS.append({text!r})"
+
+
+@pytest.mark.anyio
+async def test_in_process_runners_use_the_handlers_approver(anyio_backend: str) -> None:
+    asked: list[tuple[str, str]] = []
+
+    def reviewer(call: ApprovalRequest) -> bool:
+        asked.append((call.tool, str(call)))
+        return "MARKS" not in call  # the follow-up's snippet is denied
+
+    model = script(
+        exec_python("caller['x'] = 1"), done(), exec_python(_mark(anyio_backend)), done("noted")
+    )
+    co = CrashOverride(model=model)  # the application has no approver: the handler's applies
+    with capture_logs() as logs:
+        async with TaskGroupRunner(grace=20):
+            async with co.handler(approve=reviewer, followups=["note it"]):
+                x = 1 // 0
+    assert x == 1
+    assert anyio_backend not in MARKS  # denied, so never run
+    assert [tool for tool, _ in asked] == ["exec_python", "exec_python"]
+    (called,) = [e for e in logs if e["event"] == "followup.tool_called"]
+    assert (called["tool"], called["ok"]) == ("exec_python", False)
+    assert called["approved_by"].startswith("denied by")
+
+
+def test_a_diagnose_handlers_followups_are_read_only_too() -> None:
+    jobs: list[FollowupJob] = []
+
+    class Keep:
+        def submit_job(self, job: FollowupJob) -> str:
+            jobs.append(job)
+            return job.id
+
+    model = script(done("the diagnosis"), exec_python(_mark("diagnose")), done())
+    co = CrashOverride(model=model, mode="diagnose", followups=["fix it"], followup_runner=Keep())
+    with pytest.raises(ZeroDivisionError), co.handler():
+        1 // 0  # noqa: B018
+    (job,) = jobs
+    result = run_payload(job.to_payload(), CrashOverride(model=model), runner="test")
+    assert "diagnose" not in MARKS  # no code of the follow-up ran
+    assert not result.succeeded
+    assert {tool.name for tool in model.calls[1].tools} == {"inspect_python", "give_up"}
+
+
+def test_a_job_from_a_handler_with_an_approver_never_runs_unapproved_elsewhere() -> None:
+    # The handler's approver cannot travel with the job; a process without one refuses it.
+    jobs: list[FollowupJob] = []
+
+    class Keep:
+        def submit_job(self, job: FollowupJob) -> str:
+            jobs.append(job)
+            return job.id
+
+    model = script(exec_python("caller['x'] = 1"), done(), exec_python(_mark("far")))
+    co = CrashOverride(model=model, followups=["note it"], followup_runner=Keep())
+    x = 0
+    with co.handler(approve=lambda call: True):
+        x = 1 // 0
+    assert x == 1
+    (job,) = jobs
+    elsewhere = CrashOverride(model=model)  # the worker's application: no approver
+    with capture_logs() as logs:
+        result = run_payload(job.to_payload(), elsewhere, runner="test")
+    assert "far" not in MARKS and len(model.calls) == 2  # no agent ran there
+    assert not result.succeeded and "approve=" in result.summary
+    assert [e["event"] for e in logs if e["event"].startswith("followup.")] == ["followup.failed"]

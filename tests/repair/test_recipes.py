@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from crashoverride import CrashOverride, RedisCoordination
+from crashoverride import ApprovalRequest, CrashOverride, RedisCoordination
+from crashoverride.testing import Script, done, exec_python, script
 from tests.fleet.support import FLEET_KEY, clean, close_fleet, fleet_redis, new_namespace
 from tests.fleet.test_fleet_persist import stored_values
 from tests.helpers import done_step, exec_step, scripted
@@ -183,3 +184,67 @@ def test_a_code_fix_holding_a_secret_stays_in_its_process(secret: str) -> None:
     assert withheld["targets"] == [f"{__name__}.compute"]
     assert "secret" in withheld["reason"]
     assert len(later_model.calls) == 2  # nothing usable arrived: the agent ran there
+
+
+# -- the gate: a replay is agent code like any other (approve=, the audit trail, the mode) ------
+
+
+def test_a_replay_passes_the_handlers_approver_and_is_in_the_audit_trail() -> None:
+    seen: list[ApprovalRequest] = []
+
+    def reviewer(call: ApprovalRequest) -> bool:
+        seen.append(call)
+        return True
+
+    reports: list[Any] = []
+    co = CrashOverride(model=script(exec_python(REPAIR), done("set total")),
+                       on_recovery=reports.append)  # fmt: skip
+    assert block(co, 3, postcondition=doubled, approve=reviewer) == 6
+    seen.clear()
+    with capture_logs() as logs:
+        assert block(co, 5, postcondition=doubled, approve=reviewer) == 10
+    (asked,) = seen  # the handler's approver saw the snippet before it ran on the new frame
+    assert (asked, asked.tool, asked.source, asked.is_code) == (
+        REPAIR, "exec_python", "recipe", True,
+    )  # fmt: skip
+    replayed = reports[1]
+    assert replayed.via == "recipe"
+    trail = [(c.tool, c.source, c.ok, c.approved_by) for c in replayed.tool_calls]
+    assert trail == [("exec_python", "recipe", True, f"approved by {reviewer.__qualname__}")]
+    assert replayed.tool_calls[0].code == REPAIR
+    called = [(e["tool"], e["source"], e["ok"], e["approved_by"])
+              for e in logs if e["event"] == "recovery.tool_called"]  # fmt: skip
+    assert called == trail
+
+
+def test_a_replay_the_approver_denies_never_runs_and_the_agent_takes_over() -> None:
+    # The recipe would set the right total (a replay would recover): the denial decides.
+    def reviewer(call: ApprovalRequest) -> bool | str:
+        return "no replays" if call.source == "recipe" else True
+
+    model = Script(exec_python(REPAIR), done("set total")).run(exec_python(REPAIR), done()).model()
+    reports: list[Any] = []
+    co = CrashOverride(model=model, approve=reviewer, on_recovery=reports.append)
+    assert block(co, 3, postcondition=doubled) == 6
+    assert block(co, 4, postcondition=doubled) == 8
+    assert len(model.calls) == 4  # the agent ran again
+    second = reports[1]
+    assert second.via == "agent"
+    denied = second.tool_calls[0]
+    assert (denied.tool, denied.source, denied.ok) == ("exec_python", "recipe", False)
+    assert "no replays" in denied.approved_by and denied.result.startswith("Not run")
+
+
+def test_diagnose_mode_never_replays_a_recipe() -> None:
+    model = Script(exec_python(REPAIR), done("set total")).run(done("the diagnosis")).model()
+    reports: list[Any] = []
+    co = CrashOverride(model=model, on_recovery=reports.append)
+    assert block(co, 3, postcondition=doubled) == 6
+    with pytest.raises(NotImplementedError):  # diagnose mode never suppresses, nor changes state
+        block(co, 5, postcondition=doubled, mode="diagnose")
+    diagnosed = reports[1]
+    assert (diagnosed.via, diagnosed.outcome) == ("agent", "failed")
+    assert not [c for c in diagnosed.tool_calls if c.ok]
+    # The recipe still serves the repair handler: diagnose mode did not consume it.
+    assert block(co, 6, postcondition=doubled) == 12
+    assert reports[2].via == "recipe"

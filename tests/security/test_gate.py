@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 from crashoverride import ApprovalRequest, CrashOverride
 from crashoverride._core.followup import run_job_sync
 from crashoverride.followups import FollowupJob
+from crashoverride.testing import done, script, tool_call
 from tests.helpers import done_step, exec_step, give_up_step, scripted, tool_outputs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -163,6 +164,72 @@ def test_a_tool_the_gate_cannot_wrap_is_refused() -> None:
     assert "cannot pass approve= and the audit trail" in handler.report.reason
     assert not model.calls  # the run never started
     del raised
+
+
+# -- handoffs and agents as tools (an agent_factory's) ------------------------------------------
+
+
+def _with_helper(probe: Probe, attach: str) -> Any:
+    """A factory whose agent can reach ``refunds``, an agent with an application tool."""
+    from agents import Agent, function_tool, handoff
+
+    def factory(**kwargs: Any) -> Any:
+        helper = Agent(name="refunds", instructions="Refund orders.", model=kwargs.get("model"),
+                       tools=[function_tool(probe.refund)])  # fmt: skip
+        if attach == "handoff":
+            # Handed off to both ways: the helper can hand back (a cycle).
+            top = Agent(**kwargs, handoffs=[helper])
+            helper.handoffs = [top]
+            return top
+        if attach == "Handoff":
+            return Agent(**kwargs, handoffs=[handoff(helper)])
+        kwargs["tools"] = [*kwargs["tools"], helper.as_tool("ask_refunds", "Ask for a refund.")]
+        return Agent(**kwargs)
+
+    return factory
+
+
+def test_a_handoff_agents_tools_pass_the_gate() -> None:
+    probe = Probe()
+    model = script(
+        tool_call("transfer_to_refunds", {}), tool_call("refund", {"order_id": 3}), done("no")
+    )
+    co = CrashOverride(model=model, agent_factory=_with_helper(probe, "handoff"),
+                       approve=probe.deny_all)  # fmt: skip
+    handler = co.handler()
+    with capture_logs() as logs, pytest.raises(ValueError), handler:
+        raise ValueError("payment failed")
+    assert probe.refunded == []  # the helper's tool never ran: the approver denied it
+    (asked,) = probe.seen
+    assert (asked, asked.source) == ("refund(order_id=3)", "handoff")
+    assert handler.report is not None
+    trail = [(c.tool, c.source, c.ok) for c in handler.report.tool_calls]
+    assert trail == [("refund", "handoff", False)]
+    assert [(t, s, ok) for t, s, ok, _ in _tool_events(logs)] == trail
+
+
+def test_diagnose_mode_offers_no_handoff() -> None:
+    probe = Probe()
+    model = script(done("the diagnosis"))
+    co = CrashOverride(model=model, agent_factory=_with_helper(probe, "handoff"), mode="diagnose")
+    with pytest.raises(ValueError), co.handler():
+        raise ValueError
+    assert {tool.name for tool in model.calls[0].tools} == {"inspect_python", "give_up"}
+    assert model.calls[0].handoffs == []
+
+
+@pytest.mark.parametrize("attach", ["Handoff", "as_tool"])
+def test_a_handoff_or_agent_tool_the_gate_cannot_reach_is_refused(attach: str) -> None:
+    probe = Probe()
+    model = script(done("never asked"))
+    handler = CrashOverride(model=model, agent_factory=_with_helper(probe, attach)).handler()
+    with pytest.raises(ValueError), handler:
+        raise ValueError
+    assert handler.report is not None
+    reason = handler.report.reason
+    assert "refunds" in reason or "ask_refunds" in reason
+    assert "cannot pass approve= and the audit trail" in reason
+    assert not model.calls  # the run never started
 
 
 # -- built-in tools ----------------------------------------------------------------------------

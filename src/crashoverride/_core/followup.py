@@ -33,9 +33,14 @@ class FollowupRecord:
     """The pipeline's record of one follow-up (see ``_recovery.Recovery`` for a recovery's)."""
 
     def __init__(self, job: FollowupJob, settings: Settings, runner: str) -> None:
+        from crashoverride._security.gate import changes_allowed
+
         self.job = job
+        # Read-only when the recovery was or this application is: a follow-up has no more
+        # rights than either (the recovery's mode travels in its report).
+        mode = job.report.mode if changes_allowed(settings.mode) else settings.mode
         self.settings = settings.for_handler(
-            {"prompt": "", "timeout": job.timeout, "max_turns": job.max_turns}
+            {"prompt": "", "timeout": job.timeout, "max_turns": job.max_turns, "mode": mode}
         )
         self.deadline = Deadline(job.timeout)
         self.id = job.id
@@ -92,6 +97,7 @@ class FollowupRecord:
             redact=self.redact,
             on_tool=self._on_tool,
             approve=settings.approve,  # the application's approval gate covers follow-ups too
+            mode=settings.mode,
             fence=fence,
         )
 
@@ -173,6 +179,11 @@ async def run_job(job: FollowupJob, settings: Settings, runner: str) -> Followup
 
     rec = FollowupRecord(job, settings, runner)
     try:
+        if job.approver and settings.approve is None:
+            return rec.skipped(
+                f"the recovery's approve= ({job.approver}) does not travel with the job and "
+                "this process's CrashOverride has none: a follow-up never runs unapproved"
+            )
         refused: FollowupResult | None = admit(rec)
         if refused is not None:
             return refused

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from crashoverride._agent.run import AgentJob
     from crashoverride._core.followup import FollowupRecord
     from crashoverride._followups.session import Run
+    from crashoverride._placement.bridge import Dispatch
+    from crashoverride._security.gate import Owner
 
 
 class Decision:
@@ -158,6 +160,15 @@ class Recovery:
     def on_tool(self, record: ToolCallRecord) -> None:
         events.emit("info", events.TOOL_CALLED, **record.event_fields(), **self._fields)
         self.watch.tool(record)
+
+    def code_owner(self, dispatch: Dispatch) -> Owner:
+        """Who answers for agent code this recovery runs outside its agent's tool calls (a
+        recipe, a fleet fix): its mode and approver, its audit trail, ``dispatch`` to reach it."""
+        from crashoverride._security.gate import Owner
+
+        settings = self.settings
+        return Owner(mode=settings.mode, approve=settings.approve, dispatch=dispatch,
+                     redact=self.redact, audit=self.on_tool, trail=self.state.records)  # fmt: skip
 
     def prepare(self) -> AgentJob:
         """Step 4, run in the owner's thread: the agent's namespace and texts."""

@@ -55,6 +55,8 @@ class FollowupJob:
         report: The recovery's report (text only).
         timeout: Wall-clock budget of the follow-up agent, in seconds.
         max_turns: Model turns the follow-up agent may take.
+        approver: The name of the recovery's ``approve=`` ("" without one). The approver itself
+            cannot travel with a job: a process that runs it without one of its own refuses it.
     """
 
     id: str
@@ -64,6 +66,7 @@ class FollowupJob:
     report: RecoveryReport
     timeout: float
     max_turns: int
+    approver: str = ""
 
     def to_payload(self) -> dict[str, Any]:
         """A JSON-safe dict, for runners that hand the job to another process."""
@@ -88,6 +91,7 @@ class FollowupJob:
             report=RecoveryReport(**raw),
             timeout=float(data["timeout"]),
             max_turns=int(data["max_turns"]),
+            approver=str(data.get("approver", "")),
         )
 
 

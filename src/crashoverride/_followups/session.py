@@ -92,8 +92,10 @@ class FollowupSession:
         if not wanted:
             return []
         from crashoverride._followups.runners import resolve_runner
+        from crashoverride._security.gate import approver_name
 
         runner = resolve_runner(settings.followup_runner)
+        approver = approver_name(settings.approve) if settings.approve is not None else ""
         ids = []
         for job_id, objective, context, origin in wanted:
             job = FollowupJob(
@@ -104,6 +106,7 @@ class FollowupSession:
                 report=report,
                 timeout=settings.followup_timeout,
                 max_turns=settings.max_turns * 2,
+                approver=approver,
             )
             if submit(runner, job, settings, self._run):
                 ids.append(job_id)

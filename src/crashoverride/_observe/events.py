@@ -38,6 +38,8 @@ LEASE_LOST = "fleet.lease_lost"
 FIX_PUBLISHED = "fleet.fix_published"
 FIX_APPLIED = "fleet.fix_applied"
 FIX_REFUSED = "fleet.fix_refused"
+# A fix applied eagerly (no recovery, so no report): its audit line, as ``*.tool_called``.
+FLEET_TOOL_CALLED = "fleet.tool_called"
 # A recovery's recipe holds a secret: its fix record goes out without it (``_recipes``).
 RECIPE_WITHHELD = "fleet.recipe_withheld"
 # A code fix whose new source holds a secret: it runs here, and is never published.

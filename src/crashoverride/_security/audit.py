@@ -29,7 +29,9 @@ class ApprovalRequest(str):
     Attributes:
         tool: The tool's name.
         arguments: Its arguments as the model sent them (read-only).
-        source: ``"builtin"``, ``"application"`` (``tools=``, handler tools) or ``"mcp"``.
+        source: ``"builtin"``, ``"application"`` (``tools=``, handler tools), ``"mcp"``,
+            ``"handoff"`` (a tool of an agent the run hands off to), ``"recipe"`` (a snippet
+            of a recipe, replayed) or ``"fleet"`` (a fix record, applied here).
         is_code: Whether the call runs its argument as Python code in the process.
     """
 
@@ -94,7 +96,7 @@ class ToolCallRecord:
         result: The (redacted, truncated) output, or why it did not run.
         ok: Whether it ran and succeeded.
         approved_by: Who approved or denied it (``"not required ..."`` without ``approve=``).
-        source: ``"builtin"``, ``"application"`` (``tools=``) or ``"mcp"``.
+        source: Where the call came from, as ``ApprovalRequest.source``.
     """
 
     tool: str
