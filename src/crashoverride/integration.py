@@ -25,7 +25,7 @@ and the caller re-raises the user's exception. The recovery algorithm itself liv
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crashoverride._config.settings import UNSET
 from crashoverride._core.block import Block, call_block, result_view
@@ -41,6 +41,9 @@ from crashoverride._security.masking import mask_fields, mask_query
 from crashoverride._security.redact import MASK, Redactor, is_secret_name
 from crashoverride._security.text import clip
 from crashoverride._security.verdict import judge
+
+if TYPE_CHECKING:
+    from crashoverride._placement.bridge import loop_running_here, on_asyncio
 
 __all__ = [
     "FOLLOWUP_UNCONSUMED",
@@ -128,15 +131,15 @@ def emit(level: str, event: str, **fields: Any) -> None:
     events.emit(level, event, **fields)
 
 
-def loop_running_here() -> bool:
-    """Whether an event loop (asyncio or trio) runs in the calling thread."""
-    from crashoverride._placement.bridge import loop_running_here as running
+# The placement helpers are the bridge's own functions, re-exported (one definition: the answer
+# an integration gets is the one that picks the placement). Looked up on first use, so
+# importing this contract does not load asyncio and anyio.
+_FROM_BRIDGE = frozenset({"loop_running_here", "on_asyncio"})
 
-    return running()
 
+def __getattr__(name: str) -> Any:
+    if name in _FROM_BRIDGE:
+        from crashoverride._placement import bridge
 
-def on_asyncio() -> bool:
-    """Whether the calling thread runs an asyncio loop."""
-    import asyncio
-
-    return asyncio.events._get_running_loop() is not None
+        return getattr(bridge, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
