@@ -59,8 +59,8 @@ class CrashOverride:
             only inspects and always re-raises, with the agent's diagnosis attached.
         approve: Called with every tool call before it runs. It gets an ``ApprovalRequest``
             (a snippet's code or ``tool(arg=value)``, with ``.tool`` and ``.arguments``). Sync
-            or async; a false result or a string (the reason) denies it: the call does not run
-            and the model is told so.
+            or async; only a true result approves: ``None``, a false result or a string (the
+            reason) denies it, the call does not run and the model is told so.
         allow_source_changes: Let recoveries persist fixes to sources. Off by default.
         source_changes: ``"write"`` or ``"patch"``. Write edits the file and keeps a backup;
             patch writes a ``.patch`` file for review instead.
@@ -162,7 +162,8 @@ class CrashOverride:
                 prompt: What the protected block must achieve.
                 postcondition: Judges the block's locals after the agent. Called (it may be
                     async) with a mapping of the block's locals (decorator form: ``result``,
-                    ``args``, ``kwargs``); a false result means not recovered.
+                    ``args``, ``kwargs``); only a true result means recovered (``None`` does
+                    not; README, "What a check's result means").
                 name: The handler's name in events and reports.
                 followup: One follow-up objective, added like ``followups``.
                 **overrides: The ``CrashOverride`` arguments above.

@@ -51,7 +51,7 @@ class FollowupRecord:
             frame=None,
             globals_={"__name__": "__crashoverride_followup__", "__builtins__": builtins},
             # A follow-up has no block to restore: finishing without giving up is its evidence.
-            check=lambda _: None,
+            check=lambda _: True,
             bindings={"report": job.report, "objective": job.objective, "followup_id": job.id},
         )
         self._fields = {"runner": runner, **job_fields(job)}

@@ -36,6 +36,7 @@ from crashoverride._placement.bridge import Dispatch, Job, Placement
 from crashoverride._placement.inside import INSIDE
 from crashoverride._placement.owner_thread import drive
 from crashoverride._repair import recipes
+from crashoverride._security.verdict import judge, reason
 
 _LEADER_LOST = "the concurrent recovery of this failure did not recover it"
 _OVERLOADED = "too many recoveries at once (max_concurrent_recoveries)"
@@ -134,7 +135,9 @@ async def _steps(rec: Any, place: Placement, call: Dispatch) -> Any:
     verdict: str | None = None
     if run_.failure is None and not rec.state.stopped and rec.settings.mode == "repair":
         verdict = (
-            "the block has no check" if check is None else await call(lambda: _judged(check, rec))
+            "the block has no check"
+            if check is None
+            else reason(await call(lambda: _judged(check, rec)))
         )
     # 7. outcome (and release: the record drops every reference into the failed code)
     return rec.concluded(run_, verdict)
@@ -185,8 +188,7 @@ async def _coordinate(rec: Recovery, call: Dispatch) -> Decision | None:
 
 
 def _judged(check: Callable[..., Any], rec: Recovery) -> Any:
-    from crashoverride._security.verdict import judge
-
+    """The block's check, judged (in the owner's context): True, the reason, or an awaitable."""
     return judge(lambda: check(rec.state), what="the block's check")
 
 

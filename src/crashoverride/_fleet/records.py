@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from crashoverride._repair.journal import digest, record_id, take_files
+from crashoverride._security.verdict import judge, raised
 
 _HOW: Final = {
     "rebind": "# rebind_everywhere({}) to:",
@@ -171,11 +172,13 @@ async def receive(
                                   arguments={"record": record.get("id"), "targets": names},
                                   is_code=True)  # fmt: skip
         try:
-            verdict = await call(lambda: approve(request))
-        except Exception as exc:  # an approver that fails denies, as for any tool call
-            raise Refused(f"approve= raised {type(exc).__name__}: {exc}"[:200]) from None
-        if not verdict or isinstance(verdict, str):
-            raise Refused(f"denied by approve=: {verdict!r}"[:200])
+            # The one rule of every check (``_security.verdict``): only a true answer applies.
+            said = await call(lambda: judge(lambda: approve(request), what="approve=",
+                                           default="no reason given"))  # fmt: skip
+        except Exception as exc:  # the call to the owner failed: nothing approved the fix
+            said = raised("approve=", exc)
+        if said is not True:
+            raise Refused(f"denied by approve=: {said}"[:200])
     return record, apply(todo)
 
 

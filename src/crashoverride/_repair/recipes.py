@@ -27,6 +27,7 @@ from inspect import isawaitable
 from typing import TYPE_CHECKING, Any, Final
 
 from crashoverride._observe import events
+from crashoverride._security.verdict import reason
 
 if TYPE_CHECKING:
     from crashoverride._core.recovery import Recovery
@@ -212,7 +213,7 @@ async def _recorded_async(value: Any, statements: str, snippets: list[str]) -> A
 
 async def replay(rec: Recovery, recipe: Recipe, agent_call: Dispatch, judge: Job) -> bool:
     """Run ``recipe`` as agent code of ``rec``, then ``judge`` (the block's check, in the owner's
-    context: None when it holds); whether the block is recovered."""
+    context, judged: True when it holds); whether the block is recovered."""
     workspace = rec.workspace
     for snippet in recipe.snippets:
         try:
@@ -222,4 +223,4 @@ async def replay(rec: Recovery, recipe: Recipe, agent_call: Dispatch, judge: Job
                       **rec.fields())  # fmt: skip
             return False
     workspace.take_output()
-    return await agent_call(judge) is None
+    return reason(await agent_call(judge)) is None

@@ -25,8 +25,10 @@ from typing import Any, Final, Protocol
 from crashoverride._placement.bridge import Dispatch
 from crashoverride._security.audit import ApprovalRequest, ToolCallRecord
 from crashoverride._security.text import clip, format_tool_error, render_value
+from crashoverride._security.verdict import judge, raised
 
 NOT_REQUIRED: Final = "not required (no approve= configured)"
+_PLAIN_NO: Final = "denied"  # an approver's no without a reason of its own: "denied by <name>"
 
 Execute = Callable[[], Awaitable[tuple[Any, bool]]]  # -> (output, ok)
 
@@ -75,12 +77,14 @@ class Gate:
             return True, NOT_REQUIRED
         name = _approver_name(approve)
         try:
-            verdict = await self.dispatch(lambda: approve(call))
-        except Exception as exc:
-            return False, f"denied: {name} raised {type(exc).__name__}: {exc}"
-        if isinstance(verdict, str):
-            return False, f"denied by {name}: {verdict}"
-        return (True, f"approved by {name}") if verdict else (False, f"denied by {name}")
+            # Judged in the owner's context too: an answer's truth is the approver's code.
+            said = await self.dispatch(lambda: judge(lambda: approve(call), what="it",
+                                                     default=_PLAIN_NO))  # fmt: skip
+        except Exception as exc:  # the hop to the owner failed: nothing approved the call
+            said = raised("it", exc)
+        if said is True:
+            return True, f"approved by {name}"
+        return False, f"denied by {name}" + ("" if said == _PLAIN_NO else f": {said}")
 
     async def call(self, call: ApprovalRequest, execute: Execute, *, data: bool = True) -> Any:
         """Approve ``call``, run it, record it; what the model sees.
