@@ -31,6 +31,7 @@ from crashoverride._config.settings import UNSET
 from crashoverride._core.block import Block, call_block, result_view
 from crashoverride._core.recovery import Decision as Outcome
 from crashoverride._core.recovery import fingerprint
+from crashoverride._core.recovery import internal_failure as _internal_failure
 from crashoverride._handler import Handler
 from crashoverride._observe.events import CANCELLED as RECOVERY_CANCELLED
 from crashoverride._observe.events import FAILED as RECOVERY_FAILED
@@ -38,6 +39,7 @@ from crashoverride._observe.events import FOLLOWUP_UNCONSUMED
 from crashoverride._observe.events import SKIPPED as RECOVERY_SKIPPED
 from crashoverride._observe.events import WARM_UP_FAILED as RECOVERY_WARM_UP_FAILED
 from crashoverride._security.masking import mask_fields, mask_query
+from crashoverride._security.notes import redactor_of
 from crashoverride._security.redact import MASK, Redactor, is_secret_name
 from crashoverride._security.text import clip
 from crashoverride._security.verdict import judge
@@ -62,6 +64,7 @@ __all__ = [
     "clip",
     "emit",
     "fingerprint",
+    "internal_failure",
     "is_secret_name",
     "judge",
     "loop_running_here",
@@ -107,8 +110,9 @@ def settle(handler: Handler, outcome: Outcome | None, exc: BaseException) -> boo
 def skip(handler: Handler, exc: BaseException, reason: str, **fields: Any) -> None:
     """Record that ``exc`` is not recovered, and why, without running anything: one
     ``recovery.skipped`` event and a note on the exception."""
-    from crashoverride._core.recovery import add_note, fingerprint
+    from crashoverride._core.recovery import fingerprint
     from crashoverride._observe import events, observers
+    from crashoverride._security.notes import add_note
 
     name = handler.settings.name or fields.pop("kind", "block")
     events.emit(
@@ -117,6 +121,14 @@ def skip(handler: Handler, exc: BaseException, reason: str, **fields: Any) -> No
     )  # fmt: skip
     add_note(exc, f"crashoverride: recovery skipped: {reason}")
     observers.skipped(name, reason)
+
+
+def internal_failure(handler: Handler, exc: BaseException, problem: BaseException) -> None:
+    """crashoverride failed while handling ``exc`` (``problem``, caught by the integration):
+    one note on ``exc`` and one ``recovery.failed`` event, both redacted by ``handler``'s
+    policy; the caller then re-raises ``exc``, untouched otherwise."""
+    # No import here: an integration calls this where imports may be what failed.
+    _internal_failure(exc, problem, redactor_of(lambda: handler.settings))
 
 
 def redactor(handler: Handler) -> Redactor:

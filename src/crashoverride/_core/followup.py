@@ -21,6 +21,7 @@ from crashoverride._followups.session import job_fields
 from crashoverride._observe import events
 from crashoverride._placement.deadline import Deadline
 from crashoverride._security.audit import ToolCallRecord
+from crashoverride._security.notes import internal_error
 from crashoverride._security.redact import Redactor
 from crashoverride._security.text import clip
 
@@ -184,7 +185,7 @@ async def run_job(job: FollowupJob, settings: Settings, runner: str) -> Followup
         rec.cancelled()
         raise
     except Exception as problem:
-        return rec.skipped(f"internal error: {problem!r}")
+        return rec.skipped(internal_error(problem, rec.redact))
     finally:
         rec.abandon()
 

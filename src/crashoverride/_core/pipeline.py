@@ -208,7 +208,7 @@ async def recover_admitted_async(rec: Recovery, exc: BaseException) -> Decision 
         rec.cancelled((why() if why is not None else None) or "cancelled by the caller")
         raise
     except Exception as problem:
-        internal_failure(exc, problem)
+        internal_failure(exc, problem, rec.redact)
         return None
     finally:
         rec.abandon()  # a no-op after a decision; hands on the flight and slot otherwise
@@ -227,7 +227,7 @@ def recover_admitted_sync(rec: Recovery, exc: BaseException) -> Decision | None:
     except TimeoutError:
         return rec.timed_out()  # the agent ignored the deadline; it was left behind
     except Exception as problem:
-        internal_failure(exc, problem)
+        internal_failure(exc, problem, rec.redact)
         return None
     except BaseException:  # an interrupt or exit: one terminal event, then it propagates
         rec.cancelled("interrupted")
