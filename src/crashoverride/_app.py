@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from crashoverride._config.settings import Settings
     from crashoverride._followups.job import FollowupJob, FollowupResult
     from crashoverride._observe.report import RecoveryReport
+    from crashoverride._security.audit import Approver
     from crashoverride._security.redact import Redaction
 
 
@@ -106,7 +107,7 @@ class CrashOverride:
         followup_runner: Any = None,
         followup_timeout: float = 600.0,
         mode: str = "repair",
-        approve: Callable[[str], Any] | None = None,
+        approve: Approver | None = None,
         allow_source_changes: bool = False,
         source_changes: str = "write",
         redaction: Redaction | None = None,
@@ -143,7 +144,7 @@ class CrashOverride:
             followup_runner: Any = UNSET,
             followup_timeout: float = UNSET,
             mode: str = UNSET,
-            approve: Callable[[str], Any] | None = UNSET,
+            approve: Approver | None = UNSET,
             allow_source_changes: bool = UNSET,
             source_changes: str = UNSET,
         ) -> Handler: ...

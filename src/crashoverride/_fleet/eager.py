@@ -15,8 +15,7 @@ import asyncio
 import hashlib
 import os
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from crashoverride._config.coordination import RedisCoordination
 from crashoverride._fleet import records
@@ -24,6 +23,9 @@ from crashoverride._fleet.link import Link
 from crashoverride._fleet.scripts import ANNOUNCE, ms
 from crashoverride._observe import events
 from crashoverride._placement.bridge import run_job
+
+if TYPE_CHECKING:
+    from crashoverride._security.audit import Approver
 
 _MAX_INDEXED: Final = 1_000  # records a late process catches up on, newest kept
 
@@ -41,7 +43,7 @@ async def announce(client: Any, option: RedisCoordination, fix_key: str) -> None
 class Eager:
     """The eager subscriber of one ``CrashOverride`` (one per process)."""
 
-    def __init__(self, link: Link, approve: Callable[..., Any] | None) -> None:
+    def __init__(self, link: Link, approve: Approver | None) -> None:
         self.link = link
         self.option = link.option
         self.approve = approve

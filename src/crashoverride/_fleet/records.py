@@ -22,11 +22,13 @@ import json
 import sys
 import time
 import types
-from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from crashoverride._repair.journal import digest, record_id, take_files
 from crashoverride._security.verdict import judge, raised
+
+if TYPE_CHECKING:
+    from crashoverride._security.audit import Approver
 
 _HOW: Final = {
     "rebind": "# rebind_everywhere({}) to:",
@@ -146,7 +148,7 @@ def apply(todo: list[tuple[types.FunctionType, dict[str, str]]]) -> list[str]:
 
 
 async def receive(
-    stored: str | bytes, key: bytes, approve: Callable[..., Any] | None, call: Any
+    stored: str | bytes, key: bytes, approve: Approver | None, call: Any
 ) -> tuple[dict[str, Any], list[str]]:
     """Verify, check, approve and apply a stored record: (the record, the names changed).
 
@@ -206,7 +208,7 @@ def not_applied(record: dict[str, Any]) -> list[str]:
     ]
 
 
-def approved_by(records: list[Any], approver: Callable[..., Any] | None) -> str:
+def approved_by(records: list[Any], approver: Approver | None) -> str:
     """Who approved the code of a recovery: the approver named by its code-running tool calls."""
     if approver is None:
         return "not required (no approve= configured)"

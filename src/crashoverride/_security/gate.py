@@ -23,7 +23,7 @@ from types import CodeType
 from typing import Any, Final, Protocol
 
 from crashoverride._placement.bridge import Dispatch
-from crashoverride._security.audit import ApprovalRequest, ToolCallRecord
+from crashoverride._security.audit import ApprovalRequest, Approver, ToolCallRecord
 from crashoverride._security.text import clip, format_tool_error, render_value
 from crashoverride._security.verdict import judge, raised
 
@@ -44,7 +44,7 @@ class Audited(Protocol):
     the agent layer, never imports it."""
 
     @property
-    def approve(self) -> Callable[[ApprovalRequest], Any] | None: ...
+    def approve(self) -> Approver | None: ...
     @property
     def state(self) -> _Trail: ...
 
