@@ -76,9 +76,10 @@ class CrashOverride:
 
     __slots__ = ("_limits_lock", "_limits_state", "_settings")
 
-    # The arguments of __init__ and handler mirror the settings table in ``_settings`` (names,
-    # order, defaults), spelled out so type checkers, IDEs and help() see them; the values are
-    # checked by the table, and tests/config/test_settings_table.py fails if a mirror drifts.
+    # The arguments of __init__ and handler mirror the settings table in ``_config.settings``
+    # (names, order, defaults, annotations), spelled out so type checkers, IDEs and help() see
+    # them; the values are checked by the table, and tests/config/test_settings_table.py fails
+    # if a mirror drifts.
 
     def __init__(
         self,

@@ -39,7 +39,7 @@ from crashoverride._observe.events import FOLLOWUP_UNCONSUMED
 from crashoverride._observe.events import SKIPPED as RECOVERY_SKIPPED
 from crashoverride._observe.events import WARM_UP_FAILED as RECOVERY_WARM_UP_FAILED
 from crashoverride._security.masking import mask_fields, mask_query
-from crashoverride._security.notes import redactor_of
+from crashoverride._security.notes import add_note, redactor_of
 from crashoverride._security.redact import MASK, Redactor, is_secret_name
 from crashoverride._security.text import clip
 from crashoverride._security.verdict import judge
@@ -112,7 +112,6 @@ def skip(handler: Handler, exc: BaseException, reason: str, **fields: Any) -> No
     ``recovery.skipped`` event and a note on the exception."""
     from crashoverride._core.recovery import fingerprint
     from crashoverride._observe import events, observers
-    from crashoverride._security.notes import add_note
 
     name = handler.settings.name or fields.pop("kind", "block")
     events.emit(
