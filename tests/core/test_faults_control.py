@@ -346,6 +346,42 @@ async def test_an_internal_bug_never_replaces_the_users_exception(
         assert any("internal error" in n and f"bug in {where}" in n for n in info.value.__notes__)
 
 
+SK_KEY = "sk-proj-4fG7hJ2kL9mN3pQ8rS1tU6vW0xY5zA2b"
+GATEWAY_KEY = "corp-7Q2mXk9Lp4Rt8Vw3Zb6N"  # the configured api_key: no format the scan knows
+
+
+@pytest.mark.parametrize("secret", [SK_KEY, GATEWAY_KEY])
+@pytest.mark.parametrize("where", ["describing the block", "starting the record", "reporting"])
+def test_an_internal_errors_note_carries_no_secret(
+    where: str, secret: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An internal error's message may quote anything crashoverride held (a key, a header);
+    # the note goes on the user's exception, which is logged and shown: it is redacted.
+    from structlog.testing import capture_logs
+
+    from crashoverride._core import block, recovery
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError(f"could not reach the gateway with {secret}")
+
+    if where == "describing the block":  # the handler's path, before any recovery record
+        monkeypatch.setattr(block, "with_block", broken)
+    elif where == "starting the record":
+        monkeypatch.setattr(recovery.Recovery, "__init__", broken)
+    else:
+        monkeypatch.setattr(recovery.Recovery, "_report", broken)
+    co = CrashOverride(model=scripted(give_up_step("no")), api_key=GATEWAY_KEY)
+    original = KeyError("mine")
+    with capture_logs() as logs, pytest.raises(KeyError) as info:
+        with co.handler():
+            raise original
+    assert info.value is original
+    notes = info.value.__notes__
+    assert any("internal error" in n and "could not reach the gateway" in n for n in notes)
+    assert [n for n in notes if secret in n] == []
+    assert secret not in repr(logs)
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("delay", [0.0, 0.001, 0.003, 0.01, 0.03])
 @pytest.mark.parametrize("stuck", ["model thinking", "agent code"])

@@ -83,7 +83,7 @@ async def test_an_import_failing_on_the_loop_never_replaces_the_exception(
         await call(middleware)
     assert caught.value is raised[0]
     assert refused, "no import was attempted: the test no longer exercises the failure"
-    assert "crashoverride: failed internally" in notes(caught.value)
+    assert "crashoverride: recovery failed, internal error" in notes(caught.value)
 
 
 async def test_the_happy_path_imports_nothing(anyio_backend: str) -> None:
@@ -114,8 +114,8 @@ def test_under_a_blocking_call_detector_the_server_gets_the_application_exceptio
     assert response.status_code == 500
     errors = [r.exc_info[1] for r in caplog.records if r.name == "uvicorn.error" and r.exc_info]
     assert [type(e) for e in errors] == [KeyError]
-    # Recovered and gave up, or failed internally: either way the note says so.
-    assert "gave up" in notes(errors[0]) or "failed internally" in notes(errors[0])
+    # Recovered and gave up, or an internal error: either way the note says so.
+    assert "gave up" in notes(errors[0]) or "internal error" in notes(errors[0])
 
 
 async def test_a_recovered_response_that_cannot_be_sent_leaves_the_exception(
@@ -149,7 +149,28 @@ async def test_an_internal_failure_inside_the_recovery_never_escapes_as_a_group(
     with pytest.raises(PriceMissing) as caught:
         await call(middleware)
     assert caught.value is raised[0]
-    assert "failed internally" in notes(caught.value)
+    assert "internal error" in notes(caught.value)
+
+
+async def test_an_internal_failures_note_carries_no_secret(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "sk-proj-4fG7hJ2kL9mN3pQ8rS1tU6vW0xY5zA2b"
+    configured = "corp-7Q2mXk9Lp4Rt8Vw3Zb6N"  # the api_key: no format the value scan knows
+
+    def broken(self: Any) -> Any:
+        raise RuntimeError(f"routing follow-ups broke at {key} / {configured}")
+
+    monkeypatch.setattr(CrashOverrideMiddleware, "_followups_here", broken)
+    raised: list[BaseException] = []
+    co = CrashOverride(model=scripted(give_up_step("unused")), api_key=configured)
+    middleware = CrashOverrideMiddleware(failing_app(raised), crash_override=co)
+    with pytest.raises(PriceMissing) as caught:
+        await call(middleware)
+    assert caught.value is raised[0]
+    said = notes(caught.value)
+    assert "internal error" in said and "routing follow-ups broke" in said
+    assert key not in said and configured not in said
 
 
 # -- the client's channel during a recovery -----------------------------------------------------

@@ -256,7 +256,7 @@ def test_a_brief_that_is_not_a_brief_is_refused_and_the_exception_propagates(bri
         _consume(handler, "m-1", brief)
     assert model.calls == ()
     (note,) = raised.value.__notes__
-    assert "recovery not attempted" in note and "a block's brief is a Brief" in note
+    assert "recovery failed, internal error" in note and "a block's brief is a Brief" in note
 
 
 @pytest.mark.parametrize(

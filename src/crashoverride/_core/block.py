@@ -38,9 +38,10 @@ class Block:
             target, a task's id) are fenced as data, so text an attacker chose cannot pass for
             instructions. A ``str`` is refused: nothing can tell its trusted text from a value.
         check: The evidence that the block was recovered, called in the owner's context after
-            the agent finished: None or True when recovered, else False or the reason (one
-            meaning, see ``_verdict``). May return an awaitable. Required: a block without
-            a check is never "recovered" (the model's last message is not evidence).
+            the agent finished: True when recovered; anything else, None included, is not (a
+            string is the reason; one rule for every check, ``_security.verdict``). May
+            return an awaitable. Required: a block without a check is never "recovered" (the
+            model's last message is not evidence).
         replay: For single-flight waiters: re-run the block once after another recovery of the
             same failure succeeded. Returns the block's value (or an awaitable of it).
         fields: Extra structlog fields (e.g. request method and path).
@@ -133,10 +134,10 @@ def with_block(postcondition: Callable[..., Any] | None, frame: FrameType | None
 
 def _check_with(postcondition: Callable[..., Any] | None, caller: Any, _: RunState) -> Any:
     if postcondition is not None:
-        return judge(lambda: postcondition(caller))
+        return judge(lambda: postcondition(caller), what="the postcondition")
     if caller is None or not caller.writes:
         return NO_EVIDENCE_WITH
-    return None
+    return True
 
 
 # ------------------------------------------------------------------------------ function calls
@@ -201,8 +202,9 @@ def _check_call(
     def accept(value: Any) -> Any:
         state.result = value
         if postcondition is None:
-            return None
-        return judge(lambda: postcondition(result_view(value, args, kwargs)))
+            return True
+        view = result_view(value, args, kwargs)
+        return judge(lambda: postcondition(view), what="the postcondition")
 
     if state.rerun:
         # The agent repaired the code and asked for the call to be made again, once.

@@ -19,6 +19,7 @@ from crashoverride._core.block import Block
 from crashoverride._core.recovery import Decision, Recovery, internal_failure
 from crashoverride._core.seen import mark, seen
 from crashoverride._placement.offloop import load
+from crashoverride._security.notes import redactor_of
 
 if TYPE_CHECKING:
     from crashoverride._admission.limits import Limits
@@ -59,7 +60,7 @@ def _start(
     try:
         rec = Recovery(settings, app._limits(), exc, block, app._run_followup)
     except Exception as problem:
-        internal_failure(exc, problem)
+        internal_failure(exc, problem, redactor_of(lambda: settings))
         return None
     try:
         refused = admit(rec)
@@ -70,7 +71,7 @@ def _start(
 
 
 def _broken(rec: Recovery, exc: BaseException, problem: Exception) -> None:
-    internal_failure(exc, problem)
+    internal_failure(exc, problem, rec.redact)
     rec.abandon()
 
 

@@ -21,6 +21,7 @@ from crashoverride._followups.session import job_fields
 from crashoverride._observe import events
 from crashoverride._placement.deadline import Deadline
 from crashoverride._security.audit import ToolCallRecord
+from crashoverride._security.notes import internal_error
 from crashoverride._security.redact import Redactor
 from crashoverride._security.text import clip
 
@@ -54,7 +55,7 @@ class FollowupRecord:
             frame=None,
             globals_={"__name__": "__crashoverride_followup__", "__builtins__": builtins},
             # A follow-up has no block to restore: finishing without giving up is its evidence.
-            check=lambda _: None,
+            check=lambda _: True,
             bindings={"report": job.report, "objective": job.objective, "followup_id": job.id},
         )
         self._fields = {"runner": runner, **job_fields(job)}
@@ -193,7 +194,7 @@ async def run_job(job: FollowupJob, settings: Settings, runner: str) -> Followup
         rec.cancelled()
         raise
     except Exception as problem:
-        return rec.skipped(f"internal error: {problem!r}")
+        return rec.skipped(internal_error(problem, rec.redact))
     finally:
         rec.abandon()
 

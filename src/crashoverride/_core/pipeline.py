@@ -38,6 +38,7 @@ from crashoverride._placement.bridge import Dispatch, Job, Placement
 from crashoverride._placement.inside import INSIDE
 from crashoverride._placement.owner_thread import drive
 from crashoverride._repair import recipes
+from crashoverride._security.verdict import judge, reason
 
 _LEADER_LOST = "the concurrent recovery of this failure did not recover it"
 _OVERLOADED = "too many recoveries at once (max_concurrent_recoveries)"
@@ -156,7 +157,7 @@ async def _steps(
         verdict = (
             "the block has no check"
             if check is None
-            else _reason(await call(lambda: _judged(check, rec)))
+            else reason(await call(lambda: _judged(check, rec)))
         )
     # 7. outcome (and release: the record drops every reference into the failed code)
     return rec.concluded(run_, verdict)
@@ -230,17 +231,9 @@ class _Coordination:
 
 
 def _judged(check: Check, rec: Record[object]) -> object:
-    """The check's reason or None (an awaitable of it for an async check: the placement awaits
-    it in the owner's context)."""
-    from crashoverride._security.verdict import judge
-
+    """The block's check, judged (in the owner's context): True, the reason, or an awaitable of
+    it for an async check (the placement awaits it there)."""
     return judge(lambda: check(rec.state), what="the block's check")
-
-
-def _reason(verdict: object) -> str | None:
-    # What ``_judged`` gave, awaited by the placement, which hands values back as ``object``.
-    assert verdict is None or isinstance(verdict, str)
-    return verdict
 
 
 # ------------------------------------------------------------------------------- entry points
@@ -259,7 +252,7 @@ async def recover_admitted_async(rec: Recovery, exc: BaseException) -> Decision 
         rec.cancelled((why() if why is not None else None) or "cancelled by the caller")
         raise
     except Exception as problem:
-        internal_failure(exc, problem)
+        internal_failure(exc, problem, rec.redact)
         return None
     finally:
         rec.abandon()  # a no-op after a decision; hands on the flight and slot otherwise
@@ -278,7 +271,7 @@ def recover_admitted_sync(rec: Recovery, exc: BaseException) -> Decision | None:
     except TimeoutError:
         return rec.timed_out()  # the agent ignored the deadline; it was left behind
     except Exception as problem:
-        internal_failure(exc, problem)
+        internal_failure(exc, problem, rec.redact)
         return None
     except BaseException:  # an interrupt or exit: one terminal event, then it propagates
         rec.cancelled("interrupted")

@@ -22,6 +22,7 @@ from crashoverride._observe import events, observers
 from crashoverride._observe.report import RecoveryReport, Usage
 from crashoverride._placement.deadline import Deadline
 from crashoverride._security.audit import ToolCallRecord
+from crashoverride._security.notes import add_note, note_internal_error
 from crashoverride._security.redact import Redactor, name_rule
 from crashoverride._security.text import clip, describe_exception, format_traceback
 
@@ -78,17 +79,6 @@ def fingerprint(exc: BaseException) -> str:
         return kind
     code = tb.tb_frame.f_code
     return f"{kind}@{code.co_filename}:{tb.tb_lineno}({code.co_qualname})"
-
-
-def add_note(exc: BaseException, note: str) -> None:
-    from crashoverride._security.redact import MASK
-    from crashoverride._security.secrets import mask
-
-    try:
-        # Notes are scanned like events: an internal error's repr may quote a secret.
-        exc.add_note(mask(note, MASK))
-    except Exception:  # pragma: no cover - an exception type that refuses notes
-        pass
 
 
 class Recovery:
@@ -362,8 +352,11 @@ def _secret_values(block: Block, is_secret_name: Callable[[str], bool]) -> list[
     return secret_values([names for names in roots if names is not None], is_secret_name)
 
 
-def internal_failure(exc: BaseException, problem: BaseException) -> None:
-    """A bug in crashoverride: say so on the user's exception, which then propagates."""
-    add_note(exc, f"crashoverride: recovery not attempted, internal error: {problem!r}")
-    events.emit("error", events.FAILED, reason=f"internal error: {problem!r}",
-              exc_type=type(exc).__qualname__)  # fmt: skip
+def internal_failure(
+    exc: BaseException, problem: BaseException, redact: Callable[[str], str] | None = None
+) -> None:
+    """A bug in crashoverride: say so on the user's exception, which then propagates.
+
+    ``redact``: the run's redactor, when there is one (its configured key, its locals)."""
+    reason = note_internal_error(exc, problem, redact)
+    events.emit("error", events.FAILED, reason=reason, exc_type=type(exc).__qualname__)

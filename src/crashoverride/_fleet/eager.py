@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from crashoverride._config.settings import Settings
     from crashoverride._security.gate import Owner
 
+if TYPE_CHECKING:
+    pass
+
 _MAX_INDEXED: Final = 1_000  # records a late process catches up on, newest kept
 
 

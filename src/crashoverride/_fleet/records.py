@@ -22,10 +22,12 @@ import json
 import sys
 import time
 import types
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from crashoverride._repair.journal import digest, record_id, take_files
+
+if TYPE_CHECKING:
+    from crashoverride._security.audit import Approver
 
 if TYPE_CHECKING:
     from crashoverride._security.gate import Owner
@@ -215,7 +217,7 @@ def not_applied(record: dict[str, Any]) -> list[str]:
     ]
 
 
-def approved_by(records: list[Any], approver: Callable[..., Any] | None) -> str:
+def approved_by(records: list[Any], approver: Approver | None) -> str:
     """Who approved the code of a recovery: the approver named by its code-running tool calls."""
     if approver is None:
         return "not required (no approve= configured)"

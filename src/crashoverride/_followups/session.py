@@ -16,6 +16,7 @@ from crashoverride._followups.job import (
 )
 from crashoverride._observe import events
 from crashoverride._observe.report import RecoveryReport
+from crashoverride._security.notes import internal_error
 from crashoverride._security.text import clip
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class FollowupSession:
             return self._conclude(report)
         except Exception as problem:
             events.emit("error", events.FOLLOWUP_FAILED, recovery_id=report.recovery_id,
-                      reason=f"internal error: {problem!r}")  # fmt: skip
+                      reason=internal_error(problem, self._redact))  # fmt: skip
             return []
 
     def _conclude(self, report: RecoveryReport) -> list[str]:

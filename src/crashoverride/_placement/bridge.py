@@ -48,7 +48,7 @@ _DETACHED: set[asyncio.Task[Any]] = set()
 
 
 def loop_running_here() -> bool:
-    """Whether an event loop (asyncio or trio) is running in the calling thread."""
+    """Whether an event loop (asyncio or trio) runs in the calling thread."""
     if asyncio.events._get_running_loop() is not None:
         return True
     trio = sys.modules.get("trio")
@@ -62,6 +62,7 @@ def loop_running_here() -> bool:
 
 
 def on_asyncio() -> bool:
+    """Whether the calling thread runs an asyncio loop (trio and others: False)."""
     return asyncio.events._get_running_loop() is not None
 
 

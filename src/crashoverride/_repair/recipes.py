@@ -27,6 +27,7 @@ from inspect import isawaitable
 from typing import TYPE_CHECKING, Any, Final
 
 from crashoverride._observe import events
+from crashoverride._security.verdict import reason
 
 if TYPE_CHECKING:
     from crashoverride._core.recovery import Recovery
@@ -218,7 +219,7 @@ async def _recorded_async(value: Any, statements: str, snippets: list[str]) -> A
 
 async def replay(rec: Recovery, recipe: Recipe, agent_call: Dispatch, judge: Job) -> bool:
     """Run ``recipe`` as agent code of ``rec``, then ``judge`` (the block's check, in the owner's
-    context: None when it holds); whether the block is recovered.
+    context, judged: True when it holds); whether the block is recovered.
 
     Each snippet passes the gate as the ``exec_python`` call it was (``source == "recipe"``):
     ``approve=`` sees it before it runs on this frame, and it is a line of this recovery's
@@ -241,7 +242,7 @@ async def replay(rec: Recovery, recipe: Recipe, agent_call: Dispatch, judge: Job
                       **rec.fields())  # fmt: skip
             return False
     workspace.take_output()
-    return await agent_call(judge) is None
+    return reason(await agent_call(judge)) is None
 
 
 async def _execute(

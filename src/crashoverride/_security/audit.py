@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeAlias
 
 from crashoverride._security.text import clip
 
@@ -84,6 +84,14 @@ class ApprovalRequest(str):
             # Not an object: the tool will reject it; the approver still sees the raw text.
             return cls(f"{tool}(<arguments: {text!r}>)", tool=tool, arguments={}, source=source)
         return cls.of(tool, data, source)
+
+
+# What an approver answers: only a true one approves (README, "What a check's result means").
+Approval: TypeAlias = bool | str | None
+Approver: TypeAlias = Callable[[ApprovalRequest], Approval | Awaitable[Approval]]
+"""``approve=``: a sync or async callable given each ``ApprovalRequest``; True approves, a
+string (the reason), False or None denies. One written for snippets, ``(code: str) -> bool``,
+is one too."""
 
 
 @dataclass(frozen=True, slots=True)

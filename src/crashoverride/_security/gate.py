@@ -30,13 +30,14 @@ from types import CodeType
 from typing import Any, Final, NamedTuple, Protocol
 
 from crashoverride._placement.bridge import Dispatch
-from crashoverride._security.audit import ApprovalRequest, ToolCallRecord
+from crashoverride._security.audit import ApprovalRequest, Approver, ToolCallRecord
 from crashoverride._security.text import clip, format_tool_error, render_value
+from crashoverride._security.verdict import judge, raised
 
 NOT_REQUIRED: Final = "not required (no approve= configured)"
+_PLAIN_NO: Final = "denied"  # an approver's no without a reason of its own: "denied by <name>"
 
 Execute = Callable[[], Awaitable[tuple[Any, bool]]]  # -> (output, ok)
-Approver = Callable[[ApprovalRequest], Any]
 
 # The modes in which agent code may change the process (``_config.settings.MODES``): diagnose is
 # read-only. An allow-list, so a mode added later runs no such code until it is listed here.
@@ -68,7 +69,7 @@ class Audited(Protocol):
     the agent layer, never imports it."""
 
     @property
-    def approve(self) -> Callable[[ApprovalRequest], Any] | None: ...
+    def approve(self) -> Approver | None: ...
     @property
     def state(self) -> _Trail: ...
 
@@ -102,12 +103,14 @@ class Gate:
             return True, NOT_REQUIRED
         name = approver_name(approve)
         try:
-            verdict = await self.dispatch(lambda: approve(call))
-        except Exception as exc:
-            return False, f"denied: {name} raised {type(exc).__name__}: {exc}"
-        if isinstance(verdict, str):
-            return False, f"denied by {name}: {verdict}"
-        return (True, f"approved by {name}") if verdict else (False, f"denied by {name}")
+            # Judged in the owner's context too: an answer's truth is the approver's code.
+            said = await self.dispatch(lambda: judge(lambda: approve(call), what="it",
+                                                     default=_PLAIN_NO))  # fmt: skip
+        except Exception as exc:  # the hop to the owner failed: nothing approved the call
+            said = raised("it", exc)
+        if said is True:
+            return True, f"approved by {name}"
+        return False, f"denied by {name}" + ("" if said == _PLAIN_NO else f": {said}")
 
     async def call(self, call: ApprovalRequest, execute: Execute, *, data: bool = True) -> Any:
         """Approve ``call``, run it, record it; what the model sees.

@@ -197,8 +197,9 @@ def _coroutine_block(
             return "the agent finished without set_result()"
         state.result = chosen["value"]
         if postcondition is None:
-            return None
-        return integration.judge(lambda: postcondition(integration.result_view(state.result)))
+            return True
+        view = integration.result_view(state.result)
+        return integration.judge(lambda: postcondition(view), what="the postcondition")
 
     return integration.Block(
         kind="task",

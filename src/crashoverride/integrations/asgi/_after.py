@@ -291,8 +291,8 @@ class StreamRepair(RequestRecovery):
             "and verify it with `await replay_request()`"
         )
 
-    def check(self, _: Any) -> str | None:
-        return None if self.response is not None else NOT_VERIFIED
+    def check(self, _: Any) -> bool | str:
+        return True if self.response is not None else NOT_VERIFIED
 
     def brief(self) -> integration.Brief:
         info = self.info

@@ -208,8 +208,8 @@ class RequestRecovery:
         """Single-flight: another request's recovery of this failure succeeded; try again."""
         return await replay(self.app, self.exchange)
 
-    def check(self, _: Any) -> str | None:
-        return None if self.response is not None else NO_RESPONSE
+    def check(self, _: Any) -> bool | str:
+        return True if self.response is not None else NO_RESPONSE
 
     def spawn_unavailable(self, fn: Any, name: str | None = None) -> str:
         if hasattr(fn, "close"):
