@@ -16,8 +16,7 @@ from crashoverride._agent.prompt import CALL_BRIEF, build_instructions
 from crashoverride._config.settings import Settings
 from crashoverride._core.deferred import Followups
 from crashoverride._diagnose.readonly import SAFE_FUNCTIONS
-from crashoverride.testing import done, script
-from tests.helpers import tool_outputs
+from crashoverride.testing import done, script, tool_outputs
 
 MODES = ("repair", "diagnose")
 EMPTY = inspect.Parameter.empty

@@ -13,7 +13,6 @@ from crashoverride import ApprovalRequest, CrashOverride, RedisCoordination
 from crashoverride.testing import Script, done, exec_python, script
 from tests.fleet.support import FLEET_KEY, clean, close_fleet, fleet_redis, new_namespace
 from tests.fleet.test_fleet_persist import stored_values
-from tests.helpers import done_step, exec_step, scripted
 
 REPAIR = "caller['total'] = caller['x'] * 2"
 REPAIR_AND_PATCH = (
@@ -48,7 +47,7 @@ def block(co: CrashOverride, x: int, **options: Any) -> int:
 
 
 def test_a_recovered_with_block_replays_its_recipe_with_no_model_call() -> None:
-    model = scripted(exec_step(REPAIR), done_step("set total"))
+    model = script(exec_python(REPAIR), done("set total"))
     reports: list[Any] = []
     co = CrashOverride(model=model, on_recovery=reports.append)
     assert block(co, 3, postcondition=doubled) == 6
@@ -64,7 +63,7 @@ def test_a_recovered_with_block_replays_its_recipe_with_no_model_call() -> None:
 
 
 def test_without_a_postcondition_nothing_is_replayed() -> None:
-    model = scripted(exec_step(REPAIR), done_step("set total"), exec_step(REPAIR), done_step())
+    model = Script(exec_python(REPAIR), done("set total")).run(exec_python(REPAIR), done()).model()
     co = CrashOverride(model=model)
     assert block(co, 3) == 6
     assert block(co, 4) == 8
@@ -73,7 +72,7 @@ def test_without_a_postcondition_nothing_is_replayed() -> None:
 
 def test_a_recipe_whose_postcondition_fails_hands_over_to_the_agent() -> None:
     wrong = "caller['total'] = 6"  # right for x=3 only: a value, not a repair
-    model = scripted(exec_step(wrong), done_step(), exec_step(REPAIR), done_step())
+    model = Script(exec_python(wrong), done()).run(exec_python(REPAIR), done()).model()
     co = CrashOverride(model=model)
     assert block(co, 3, postcondition=doubled) == 6
     with capture_logs() as logs:
@@ -90,11 +89,11 @@ def test_a_recipe_travels_in_the_fix_record_to_a_process_started_later() -> None
     with fleet_redis() as url:
         namespace = new_namespace()
 
-        first_model = scripted(exec_step(REPAIR_AND_PATCH), done_step("patched"))
+        first_model = script(exec_python(REPAIR_AND_PATCH), done("patched"))
         first = CrashOverride(model=first_model, coordination=fleet(url, namespace))
         assert block(first, 3, postcondition=doubled) == 6
         compute.__code__ = ORIGINAL  # a process started later
-        later_model = scripted()
+        later_model = script()
         reports: list[Any] = []
         later = CrashOverride(
             model=later_model, coordination=fleet(url, namespace), on_recovery=reports.append
@@ -131,7 +130,7 @@ def test_a_recipe_holding_a_secret_stays_in_its_process(secret: str) -> None:
 
     with fleet_redis() as url:
         namespace = new_namespace()
-        model = scripted(exec_step(repair), done_step("patched"))
+        model = script(exec_python(repair), done("patched"))
         reports: list[Any] = []
         co = CrashOverride(
             model=model, on_recovery=reports.append,
@@ -167,14 +166,14 @@ def test_a_code_fix_holding_a_secret_stays_in_its_process(secret: str) -> None:
     with fleet_redis() as url:
         namespace = new_namespace()
 
-        model = scripted(exec_step(repair), done_step("patched"))
+        model = script(exec_python(repair), done("patched"))
         co = CrashOverride(model=model, coordination=fleet(url, namespace))
         with capture_logs() as logs:
             assert secret_block(co, 3) == 6
         stored = stored_values(url, namespace)
         assert compute(1) == 2  # fixed here all the same
         compute.__code__ = ORIGINAL  # a process started later: it must run its own agent
-        later_model = scripted(exec_step(REPAIR_AND_PATCH), done_step("patched"))
+        later_model = script(exec_python(REPAIR_AND_PATCH), done("patched"))
         later = CrashOverride(model=later_model, coordination=fleet(url, namespace))
         assert secret_block(later, 4) == 8
         close_fleet(co, later)

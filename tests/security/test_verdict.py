@@ -19,8 +19,7 @@ import pytest
 
 from crashoverride import CrashOverride, integration
 from crashoverride._security import verdict
-from crashoverride.testing import done, exec_python, script
-from tests.helpers import tool_outputs
+from crashoverride.testing import done, exec_python, script, tool_outputs
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
