@@ -12,12 +12,13 @@ PRIMARY := $(firstword $(PYTHONS))
 VENV := .venv
 PYTEST_ARGS ?=
 
-.PHONY: help demo test lint browser bench clean
+.PHONY: help demo test test-fast lint browser bench clean
 
 help:
-	@echo "make demo   - create .venv, install, run the offline demo (scripted model)"
-	@echo "make test   - lint, type-check and run the suite on: $(PYTHONS)"
-	@echo "make bench  - run the benchmarks and write benchmarks/RESULTS.md"
+	@echo "make demo       - create .venv, install, run the offline demo (scripted model)"
+	@echo "make test       - lint, type-check and run the suite on: $(PYTHONS)"
+	@echo "make test-fast  - lint, type-check and the tests not marked slow, on $(PRIMARY) (< 2 min)"
+	@echo "make bench      - run the benchmarks and write benchmarks/RESULTS.md"
 
 # One venv per interpreter: .venv for the first, .venv-3.x for the others.
 venv_for = $(if $(filter $(1),$(PRIMARY)),$(VENV),$(VENV)-$(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])'))
@@ -64,6 +65,11 @@ test: lint browser
 	  echo "== pytest on Python $$v ($$py)"; \
 	  "$$env/bin/python" -m pytest $(PYTEST_ARGS); \
 	done
+
+# The working loop: no test that starts a process, server or worker (marker `slow`, see
+# tests/conftest.py), one interpreter. `make test` still runs everything everywhere.
+test-fast: lint
+	$(VENV)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python -m benchmarks

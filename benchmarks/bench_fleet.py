@@ -155,9 +155,9 @@ def _distinct_failures(count: int) -> list[Any]:
 def _per_recovery_ms(mode: str, count: int, *, url: str = REDIS_URL, stop: Any = None) -> float:
     """Median ms per recovery after the first (which connects); ``stop`` runs after it."""
     from crashoverride import CrashOverride, RedisCoordination
-    from tests.helpers import give_up_step, scripted
+    from crashoverride.testing import give_up, script
 
-    model = scripted(*[give_up_step("not this time") for _ in range(count)])
+    model = script(*[give_up("not this time") for _ in range(count)])
     namespace = f"bench-{os.urandom(4).hex()}"
     fleet = None
     if mode != "in-process":  # retry Redis at every failure: each one meets the dead Redis
@@ -204,15 +204,15 @@ def _fallback_ms(count: int) -> float:
 def _silent_first_ms(samples: int) -> float:
     """A first recovery (and so a first connection), with a Redis that never answers."""
     from crashoverride import CrashOverride, RedisCoordination
+    from crashoverride.testing import give_up, script
     from tests.fleet.support import close_fleet, silent_redis
-    from tests.helpers import give_up_step, scripted
 
     (fail,) = _distinct_failures(1)
     measured = []
     with silent_redis() as server:
         for _ in range(samples):
             fleet = RedisCoordination(server.url, namespace="bench-silent", key=KEY)
-            co = CrashOverride(model=scripted(give_up_step("not this time")), coordination=fleet)
+            co = CrashOverride(model=script(give_up("not this time")), coordination=fleet)
             began = time.perf_counter()
             with contextlib.suppress(LookupError), co.handler(prompt="-"):
                 fail()

@@ -23,7 +23,7 @@ _CHILD = textwrap.dedent(
 
     from benchmarks._common import interleaved
     from crashoverride import CrashOverride, JsonLinesLedger
-    from tests.helpers import done_step, exec_step, scripted
+    from crashoverride.testing import done, exec_python, script
 
     configured = sys.argv[1] == "configured"
     ledger = None
@@ -64,7 +64,7 @@ _CHILD = textwrap.dedent(
     t = interleaved({"handler": with_handler, "suppress": with_suppress}, 200_000)
 
     def recover():
-        model = scripted(exec_step("caller['x'] = 1"), done_step("set x"))
+        model = script(exec_python("caller['x'] = 1"), done("set x"))
         handler = CrashOverride(model=model, on_recovery=ledger).handler(name="bench")
         x = 0
         with handler:

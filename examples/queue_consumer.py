@@ -20,11 +20,14 @@ from typing import Any
 
 from crashoverride import CrashOverride, Handler, integration
 
+# The brief's text is written here; what a message brings (and names) are values, which the
+# agent is shown fenced as data: ``integration.Brief(TEXT, label=value, ...)``.
 MESSAGE_BRIEF = """\
-This is the handling of one queue message by `{name}`; `args[0]` is the message. Finish with
-`set_result(value)` (the value the handler should have returned), or repair the handler and call
-`rerun()` to handle the message once more. Messages are not idempotent: check for effects of the
-failed attempt first. If neither is right, call give_up: the message then fails as usual."""
+This is the handling of one queue message by the handler shown above (`handler`); `args[0]` is
+the message. Finish with `set_result(value)` (the value the handler should have returned), or
+repair the handler and call `rerun()` to handle the message once more. Messages are not
+idempotent: check for effects of the failed attempt first. If neither is right, call give_up:
+the message then fails as usual."""
 
 
 class ProtectedConsumer:
@@ -54,7 +57,8 @@ class ProtectedConsumer:
         name = getattr(self.handle, "__qualname__", "handler")
         return integration.call_block(
             self.handle, (message,), {}, exc, kind="queue_message",
-            brief=MESSAGE_BRIEF.format(name=name), fields={"message_id": message.get("id")},
+            brief=integration.Brief(MESSAGE_BRIEF, handler=name),
+            fields={"message_id": message.get("id")},
         )  # fmt: skip
 
     async def consume(self, queue: asyncio.Queue[Any], results: list[Any]) -> None:

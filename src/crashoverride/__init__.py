@@ -23,11 +23,12 @@ if TYPE_CHECKING:
     from crashoverride._eval import evaluate
     from crashoverride._observe.ledger import JsonLinesLedger, RedisStreamLedger
     from crashoverride._observe.report import RecoveryReport, SourceChange, Usage
-    from crashoverride._security.audit import ApprovalRequest, ToolCallRecord
+    from crashoverride._security.audit import ApprovalRequest, Approver, ToolCallRecord
 
 
 __all__ = [
     "ApprovalRequest",
+    "Approver",
     "ConfigurationError",
     "CrashOverride",
     "Handler",
@@ -60,7 +61,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(ledger, name)
     # The report types pull in dataclasses; keep them off the import path until asked for.
-    if name in ("ApprovalRequest", "ToolCallRecord"):
+    if name in ("ApprovalRequest", "Approver", "ToolCallRecord"):
         from crashoverride._security import audit
 
         return getattr(audit, name)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from crashoverride._config.settings import Settings
     from crashoverride._followups.job import FollowupJob, FollowupResult
     from crashoverride._observe.report import RecoveryReport
+    from crashoverride._security.audit import Approver
     from crashoverride._security.redact import Redaction
 
 
@@ -59,8 +60,8 @@ class CrashOverride:
             only inspects and always re-raises, with the agent's diagnosis attached.
         approve: Called with every tool call before it runs. It gets an ``ApprovalRequest``
             (a snippet's code or ``tool(arg=value)``, with ``.tool`` and ``.arguments``). Sync
-            or async; a false result or a string (the reason) denies it: the call does not run
-            and the model is told so.
+            or async; only a true result approves: ``None``, a false result or a string (the
+            reason) denies it, the call does not run and the model is told so.
         allow_source_changes: Let recoveries persist fixes to sources. Off by default.
         source_changes: ``"write"`` or ``"patch"``. Write edits the file and keeps a backup;
             patch writes a ``.patch`` file for review instead.
@@ -75,9 +76,10 @@ class CrashOverride:
 
     __slots__ = ("_limits_lock", "_limits_state", "_settings")
 
-    # The arguments of __init__ and handler mirror the settings table in ``_settings`` (names,
-    # order, defaults), spelled out so type checkers, IDEs and help() see them; the values are
-    # checked by the table, and tests/config/test_settings_table.py fails if a mirror drifts.
+    # The arguments of __init__ and handler mirror the settings table in ``_config.settings``
+    # (names, order, defaults, annotations), spelled out so type checkers, IDEs and help() see
+    # them; the values are checked by the table, and tests/config/test_settings_table.py fails
+    # if a mirror drifts.
 
     def __init__(
         self,
@@ -106,7 +108,7 @@ class CrashOverride:
         followup_runner: Any = None,
         followup_timeout: float = 600.0,
         mode: str = "repair",
-        approve: Callable[[str], Any] | None = None,
+        approve: Approver | None = None,
         allow_source_changes: bool = False,
         source_changes: str = "write",
         redaction: Redaction | None = None,
@@ -143,7 +145,7 @@ class CrashOverride:
             followup_runner: Any = UNSET,
             followup_timeout: float = UNSET,
             mode: str = UNSET,
-            approve: Callable[[str], Any] | None = UNSET,
+            approve: Approver | None = UNSET,
             allow_source_changes: bool = UNSET,
             source_changes: str = UNSET,
         ) -> Handler: ...
@@ -162,7 +164,8 @@ class CrashOverride:
                 prompt: What the protected block must achieve.
                 postcondition: Judges the block's locals after the agent. Called (it may be
                     async) with a mapping of the block's locals (decorator form: ``result``,
-                    ``args``, ``kwargs``); a false result means not recovered.
+                    ``args``, ``kwargs``); only a true result means recovered (``None`` does
+                    not; README, "What a check's result means").
                 name: The handler's name in events and reports.
                 followup: One follow-up objective, added like ``followups``.
                 **overrides: The ``CrashOverride`` arguments above.

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from crashoverride._errors import ConfigurationError
 from crashoverride._placement.offloop import load
-from crashoverride._security.redact import scanned
+from crashoverride._security.notes import note_internal_error, redactor_of
 
 if TYPE_CHECKING:
     from crashoverride._app import CrashOverride
@@ -96,7 +96,7 @@ class Handler:
 
             built = block()
         except Exception as problem:
-            _internal(exc, problem, self._app)
+            _internal(exc, problem, self)
             return None
         return recover_sync(self._app, self.settings, exc, built)
 
@@ -110,7 +110,7 @@ class Handler:
 
             built = block()
         except Exception as problem:
-            _internal(exc, problem, self._app)
+            _internal(exc, problem, self)
             return None
         return await recover_async(self._app, self.settings, exc, built)
 
@@ -292,15 +292,11 @@ def _call_block(
     return call_block(func, args, kwargs, exc, postcondition=settings.postcondition)
 
 
-def _internal(exc: BaseException, problem: BaseException, app: object) -> None:
+def _internal(exc: BaseException, problem: BaseException, handler: Handler) -> None:
     """crashoverride could not even start: say so on the user's exception, which propagates."""
     from crashoverride._core.seen import mark, seen
 
-    if seen(exc, app):
+    if seen(exc, handler._app):
         return  # noted once already (a deep recursion fails at every level on its way out)
-    mark(exc, app)
-    try:
-        # Redacted like every note (the repr may quote a secret), and with nothing to import.
-        exc.add_note(scanned(f"crashoverride: recovery not attempted, internal error: {problem!r}"))
-    except Exception:  # pragma: no cover - an exception type that refuses notes
-        pass
+    mark(exc, handler._app)
+    note_internal_error(exc, problem, redactor_of(lambda: handler.settings))

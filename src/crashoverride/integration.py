@@ -17,6 +17,16 @@ the package's public names; a new integration (Django, arq, a queue consumer) is
             raise  # the original exception, untouched but for a note saying why
         value = outcome.value
 
+A ``Block``'s ``brief`` (what the unit is, for the agent) is a ``Brief``: text you wrote,
+shown as instructions, and the values of this occurrence, each fenced as data::
+
+    integration.Brief(
+        "This is the Kafka message shown above (`topic`, `key`). Finish with set_result(...).",
+        topic=message.topic, key=message.key,
+    )
+
+Never put what the message, request or task brought into the text: only a value is fenced.
+
 ``recover`` / ``arecover`` never raise for a failure of crashoverride's own: they return None
 and the caller re-raises the user's exception. The recovery algorithm itself lives in
 ``crashoverride/_pipeline.py``.
@@ -25,22 +35,28 @@ and the caller re-raises the user's exception. The recovery algorithm itself liv
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from crashoverride._config.settings import UNSET
 from crashoverride._core.block import Block, call_block, result_view
 from crashoverride._core.recovery import Decision as Outcome
 from crashoverride._core.recovery import fingerprint
+from crashoverride._core.recovery import internal_failure as _internal_failure
 from crashoverride._handler import Handler
 from crashoverride._observe.events import CANCELLED as RECOVERY_CANCELLED
 from crashoverride._observe.events import FAILED as RECOVERY_FAILED
 from crashoverride._observe.events import FOLLOWUP_UNCONSUMED
 from crashoverride._observe.events import SKIPPED as RECOVERY_SKIPPED
 from crashoverride._observe.events import WARM_UP_FAILED as RECOVERY_WARM_UP_FAILED
+from crashoverride._security.brief import Brief
 from crashoverride._security.masking import mask_fields, mask_query
+from crashoverride._security.notes import add_note, redactor_of
 from crashoverride._security.redact import MASK, Redactor, is_secret_name, scanned
 from crashoverride._security.text import clip
 from crashoverride._security.verdict import judge
+
+if TYPE_CHECKING:
+    from crashoverride._placement.bridge import loop_running_here, on_asyncio
 
 __all__ = [
     "FOLLOWUP_UNCONSUMED",
@@ -51,6 +67,7 @@ __all__ = [
     "RECOVERY_WARM_UP_FAILED",
     "UNSET",
     "Block",
+    "Brief",
     "Outcome",
     "Redactor",
     "arecover",
@@ -59,6 +76,7 @@ __all__ = [
     "clip",
     "emit",
     "fingerprint",
+    "internal_failure",
     "is_secret_name",
     "judge",
     "loop_running_here",
@@ -102,13 +120,13 @@ def settle(handler: Handler, outcome: Outcome | None, exc: BaseException) -> boo
     return handler._settle(outcome, exc)
 
 
-def skip(handler: Handler, exc: BaseException, reason: str, **fields: Any) -> None:
+def skip(handler: Handler, exc: BaseException, reason: str, **fields: object) -> None:
     """Record that ``exc`` is not recovered, and why, without running anything: one
     ``recovery.skipped`` event and a note on the exception."""
-    from crashoverride._core.recovery import add_note, fingerprint
+    from crashoverride._core.recovery import fingerprint
     from crashoverride._observe import events, observers
 
-    name = handler.settings.name or fields.pop("kind", "block")
+    name = handler.settings.name or str(fields.pop("kind", "block"))
     # No recovery started, so no recovery's redactor: the handler's (its policy, its key).
     redact = redactor(handler)
     events.emit(
@@ -133,12 +151,20 @@ def note(exc: BaseException, text: str) -> None:
         pass
 
 
+def internal_failure(handler: Handler, exc: BaseException, problem: BaseException) -> None:
+    """crashoverride failed while handling ``exc`` (``problem``, caught by the integration):
+    one note on ``exc`` and one ``recovery.failed`` event, both redacted by ``handler``'s
+    policy; the caller then re-raises ``exc``, untouched otherwise."""
+    # No import here: an integration calls this where imports may be what failed.
+    _internal_failure(exc, problem, redactor_of(lambda: handler.settings))
+
+
 def redactor(handler: Handler) -> Redactor:
     """The redaction policy of ``handler`` (its ``is_secret`` tells secret-looking names)."""
     return Redactor.for_settings(handler.settings)
 
 
-def emit(level: str, event: str, **fields: Any) -> None:
+def emit(level: str, event: str, **fields: object) -> None:
     """Emit a structlog event the way the core does (a broken log pipeline never raises)."""
     from crashoverride._observe import events
     from crashoverride._security.redact import scanned_data
@@ -147,15 +173,15 @@ def emit(level: str, event: str, **fields: Any) -> None:
     events.emit(level, scanned(event), **scanned_data(fields))
 
 
-def loop_running_here() -> bool:
-    """Whether an event loop (asyncio or trio) runs in the calling thread."""
-    from crashoverride._placement.bridge import loop_running_here as running
+# The placement helpers are the bridge's own functions, re-exported (one definition: the answer
+# an integration gets is the one that picks the placement). Looked up on first use, so
+# importing this contract does not load asyncio and anyio.
+_FROM_BRIDGE = frozenset({"loop_running_here", "on_asyncio"})
 
-    return running()
 
+def __getattr__(name: str) -> object:  # typed by the TYPE_CHECKING import above
+    if name in _FROM_BRIDGE:
+        from crashoverride._placement import bridge
 
-def on_asyncio() -> bool:
-    """Whether the calling thread runs an asyncio loop."""
-    import asyncio
-
-    return asyncio.events._get_running_loop() is not None
+        return getattr(bridge, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -41,6 +41,7 @@ def _probe(code: str, **env: str) -> dict[str, object]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.slow
 def test_a_first_failure_without_a_key_fails_clearly_without_importing_the_sdk() -> None:
     result = _probe(_PROBE)
     assert result["loaded"] == []  # the SDK import (seconds) never started
@@ -48,6 +49,7 @@ def test_a_first_failure_without_a_key_fails_clearly_without_importing_the_sdk()
     assert "failed: no API key: set OPENAI_API_KEY or pass api_key= (or base_url=)" in note
 
 
+@pytest.mark.slow
 def test_without_a_key_the_run_machinery_is_not_even_imported() -> None:
     # Issue 12: < 50 ms from a cold start (benchmarks/bench_credentials.py measures it). What
     # makes that possible: admission asks for credentials before anyio, the placements or the
@@ -57,6 +59,7 @@ def test_without_a_key_the_run_machinery_is_not_even_imported() -> None:
     assert result["threads"] == ["MainThread"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_async_first_failure_without_a_key_fails_clearly_too(backend: str) -> None:
     code = _PROBE.replace(
@@ -79,6 +82,7 @@ def test_async_first_failure_without_a_key_fails_clearly_too(backend: str) -> No
     assert "no API key" in note
 
 
+@pytest.mark.slow
 def test_a_key_in_the_environment_or_a_base_url_is_enough_to_go_on() -> None:
     # With a key (or a base URL) the check passes and the recovery proceeds to the SDK; the
     # endpoint is unreachable here, so it fails later, for that reason and not for credentials.

@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from crashoverride import CrashOverride
-from tests.helpers import done_step, exec_step, give_up_step, scripted
+from crashoverride.testing import Script, done, exec_python, give_up, script
 
 PATCH_TRANSFORM = (
     "import anyio\n"
@@ -36,7 +36,7 @@ def _restore_transform() -> Any:
 
 @pytest.mark.anyio
 async def test_fifty_concurrent_identical_failures_cost_one_agent_run(anyio_backend: str) -> None:
-    model = scripted(exec_step(PATCH_TRANSFORM), done_step("patched transform"))
+    model = script(exec_python(PATCH_TRANSFORM), done("patched transform"))
     co = CrashOverride(model=model, timeout=30)
 
     @co.handler()
@@ -61,7 +61,7 @@ async def test_fifty_concurrent_identical_failures_cost_one_agent_run(anyio_back
 
 
 def test_single_flight_across_threads() -> None:
-    model = scripted(exec_step(PATCH_TRANSFORM), done_step())
+    model = script(exec_python(PATCH_TRANSFORM), done())
     co = CrashOverride(model=model)
 
     @co.handler()
@@ -80,7 +80,7 @@ def test_single_flight_across_threads() -> None:
 
 @pytest.mark.anyio
 async def test_waiters_reraise_at_once_when_the_leader_fails(anyio_backend: str) -> None:
-    model = scripted(exec_step("import anyio\nawait anyio.sleep(0.2)\ngive_up('no')"))
+    model = script(exec_python("import anyio\nawait anyio.sleep(0.2)\ngive_up('no')"))
     co = CrashOverride(model=model)
 
     @co.handler()
@@ -105,7 +105,7 @@ async def test_waiters_reraise_at_once_when_the_leader_fails(anyio_backend: str)
 
 
 def test_breaker_opens_after_repeated_failures_and_skips_the_model() -> None:
-    model = scripted(give_up_step("a"), give_up_step("b"))
+    model = Script(give_up("a")).run(give_up("b")).model()
     co = CrashOverride(model=model, breaker_threshold=2, breaker_window=60, breaker_cooldown=60)
 
     def boom() -> None:
@@ -122,7 +122,7 @@ def test_breaker_opens_after_repeated_failures_and_skips_the_model() -> None:
 
 
 def test_breaker_half_opens_after_cool_down() -> None:
-    model = scripted(give_up_step("a"), exec_step("caller['fixed'] = True"), done_step())
+    model = Script(give_up("a")).run(exec_python("caller['fixed'] = True"), done()).model()
     co = CrashOverride(model=model, breaker_threshold=1, breaker_window=60, breaker_cooldown=0.2)
 
     def failing_block() -> None:
@@ -141,10 +141,11 @@ def test_breaker_half_opens_after_cool_down() -> None:
 
 def test_concurrency_limit_skips_when_no_slot_frees_in_time() -> None:
     gate = threading.Event()
-    model = scripted(
-        exec_step("gate.wait(10)\ncaller['fixed'] = True"), done_step(),
-        exec_step("caller['fixed'] = True"), done_step(),
-    )  # fmt: skip
+    model = (
+        Script(exec_python("gate.wait(10)\ncaller['fixed'] = True"), done())
+        .run(exec_python("caller['fixed'] = True"), done())
+        .model()
+    )
     co = CrashOverride(
         model=model, max_concurrent_recoveries=1, concurrency_wait=0.2, single_flight=False
     )
@@ -168,7 +169,7 @@ def test_concurrency_limit_skips_when_no_slot_frees_in_time() -> None:
 
 
 class FakeClock:
-    """Stands in for the ``time`` module inside ``_limits``: time moves only when a test says."""
+    """Stands in for ``time`` inside ``_admission.limits``: time moves only when a test says."""
 
     def __init__(self) -> None:
         self.now = 1_000.0

@@ -341,6 +341,7 @@ print(json.dumps({"value": value, "loads": len(loads), "on_loop": loads.count(lo
 """
 
 
+@pytest.mark.slow
 def test_the_first_recovery_of_a_process_builds_no_client_part_on_the_loop() -> None:
     # A fresh interpreter: the client, its SSL context, its lazily imported API resource and
     # the SDK's trace exporter (whose HTTP client loads certificates on the first run, tracing

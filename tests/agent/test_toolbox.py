@@ -16,8 +16,7 @@ from crashoverride._agent.prompt import CALL_BRIEF, build_instructions
 from crashoverride._config.settings import Settings
 from crashoverride._core.deferred import Followups
 from crashoverride._diagnose.readonly import SAFE_FUNCTIONS
-from crashoverride.testing import done, script
-from tests.helpers import tool_outputs
+from crashoverride.testing import done, script, tool_outputs
 
 MODES = ("repair", "diagnose")
 EMPTY = inspect.Parameter.empty
@@ -132,7 +131,7 @@ def test_the_prompt_describes_the_helpers_of_its_mode(persistence: str | None) -
 
 
 def test_the_call_brief_describes_set_result_and_rerun() -> None:
-    brief = _flat(CALL_BRIEF.format(name="charge"))
+    brief = _flat(CALL_BRIEF)
     returns = [helper for helper in toolbox.HELPERS if helper.when == "returns"]
     assert {helper.name for helper in returns} == {"set_result", "rerun"}
     for helper in returns:

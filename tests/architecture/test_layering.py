@@ -14,6 +14,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.architecture.graph import ROOT, SRC, Edge, cycles, edges, modules, unit
 from tests.architecture.layering import LAYERS, RANK, UPWARD
 
@@ -160,6 +162,7 @@ _NOT_ON_THE_PATH = (
 )
 
 
+@pytest.mark.slow
 def test_a_plain_recovery_loads_none_of_the_optional_machinery() -> None:
     done = subprocess.run(
         [sys.executable, "-c", _RECOVERY], capture_output=True, text=True, timeout=120, cwd=ROOT

@@ -44,7 +44,7 @@ SINKS: dict[tuple[str, str, str], str] = {
     ("crashoverride._observe.events", "emit", "**fields"): "Field",
     ("crashoverride._observe.events", "Field", "="): "Redacted | float | None | Sequence[Redacted]",
     # Notes on the user's exception.
-    ("crashoverride._core.recovery", "add_note", "note"): "Redacted",
+    ("crashoverride._security.notes", "add_note", "note"): "Redacted",
     # The report and its parts (what the record, the ledger, Sentry, OpenTelemetry, the
     # transcript, show and follow-ups are built from).
     **{

@@ -18,7 +18,7 @@ import pytest
 
 from crashoverride import CrashOverride, JsonLinesLedger, RedisStreamLedger
 from crashoverride._observe.report import RecoveryReport, SourceChange
-from tests.helpers import done_step, eval_step, exec_step, give_up_step, scripted
+from crashoverride.testing import Script, done, eval_python, exec_python, give_up
 
 SECRET = "sk-proj-Qw3rTy8uIo9pAs7dFg6hJk5lZx4cVb2n"
 REDIS = "redis://127.0.0.1:6379/11"  # 13 belongs to the fleet tests, which flush it
@@ -31,13 +31,12 @@ BROWSER = next(
 def _recover_twice(sink: object) -> tuple[RecoveryReport, RecoveryReport]:
     """One recovery that quotes the secret everywhere it can, and one that fails."""
     co = CrashOverride(
-        model=scripted(
-            eval_step("api_token"),
-            exec_step(f"caller['limit'] = 10  # was {SECRET!r}\n<b>not markup</b>"),
-            exec_step("caller['limit'] = 10"),
-            done_step(f"reset the limit; the token {SECRET} was fine"),
-            give_up_step("the upstream is down"),
-        ),
+        model=Script(
+            eval_python("api_token"),
+            exec_python(f"caller['limit'] = 10  # was {SECRET!r}\n<b>not markup</b>"),
+            exec_python("caller['limit'] = 10"),
+            done(f"reset the limit; the token {SECRET} was fine"),
+        ).run(give_up("the upstream is down")).model(),
         on_recovery=sink,  # type: ignore[arg-type]
     )  # fmt: skip
     api_token = SECRET  # a secret-named local

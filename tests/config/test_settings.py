@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from crashoverride import ConfigurationError, CrashOverride
 from crashoverride._config.settings import Settings
-from tests.helpers import done_step, scripted
+from crashoverride.testing import done, script
 
 # Values of the wrong type for each argument, generated.
 junk = st.one_of(
@@ -108,7 +108,7 @@ def test_handler_tools_are_added_without_duplicates_and_the_rest_overrides() -> 
 
 
 def test_a_model_instance_is_accepted() -> None:
-    model = scripted(done_step())
+    model = script(done())
     assert CrashOverride(model=model).handler().settings.model is model
 
 

@@ -7,6 +7,7 @@ and type checkers cannot read a table), so these tests hold them, and the docstr
 from __future__ import annotations
 
 import ast
+import builtins
 import inspect
 import re
 import textwrap
@@ -104,6 +105,39 @@ def test_the_handler_signature_type_checkers_see_mirrors_the_table() -> None:
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters[1:])
     for parameter, (name, default) in zip(parameters, expected, strict=True):
         assert _same(parameter.default, default), name
+
+
+def test_the_signatures_annotate_each_argument_with_the_tables_type() -> None:
+    # ``_app`` has ``from __future__ import annotations``: each annotation is its source text,
+    # compared as written (``Callable[[str], Any]`` for an approver that gets an
+    # ``ApprovalRequest`` was such a drift: a correctly typed approver failed mypy --strict).
+    init = list(inspect.signature(CrashOverride.__init__).parameters.values())[1:]
+    for parameter, field in zip(init, APP_FIELDS, strict=True):
+        assert parameter.annotation == field.annotation, field.name
+    handler = list(_type_checking_handler().parameters.values())[1:]
+    expected = [
+        (name, field.annotation if name == field.name else field.aliases[name])
+        for field in HANDLER_FIELDS
+        for name in (field.name, *field.aliases)
+    ]
+    assert [(p.name, p.annotation) for p in handler] == expected
+
+
+def test_the_tables_types_name_what_the_signatures_module_can_see() -> None:
+    # Each annotation must resolve where the signatures are written (type checkers resolve it
+    # there), imported for type checking only or not.
+    tree = ast.parse(Path(app_module.__file__).read_text())
+    imported = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    builtin = set(vars(builtins))
+    for field in FIELDS:
+        for annotation in (field.annotation, *field.aliases.values()):
+            names = set(re.findall(r"[A-Za-z_]\w*", annotation))
+            assert names <= imported | builtin, (field.name, names - imported - builtin)
 
 
 def test_the_runtime_handler_accepts_exactly_the_handler_arguments() -> None:

@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from crashoverride import CrashOverride
-from tests.helpers import done_step, exec_step, give_up_step, scripted
+from crashoverride.testing import done, exec_python, give_up, script
 
 
 def test_sync_function_result_set_by_the_agent() -> None:
-    co = CrashOverride(model=scripted(exec_step("set_result(args[0] * 2)"), done_step()))
+    co = CrashOverride(model=script(exec_python("set_result(args[0] * 2)"), done()))
 
     @co.handler(prompt="Return twice the input.")
     def double(x: int) -> int:
@@ -22,11 +22,11 @@ def test_sync_function_result_set_by_the_agent() -> None:
 
 
 def test_rerun_after_repairing_the_code() -> None:
-    model = scripted(
-        exec_step(
+    model = script(
+        exec_python(
             "def parse(text):\n    return int(text.strip())\nglobals()['parse'] = parse\nrerun()"
         ),
-        done_step("patched parse"),
+        done("patched parse"),
     )
     co = CrashOverride(model=model)
     calls: list[str] = []
@@ -47,7 +47,7 @@ def parse(text: str) -> int:
 
 
 def test_rerun_that_fails_again_reraises_the_original() -> None:
-    co = CrashOverride(model=scripted(exec_step("rerun()"), done_step()))
+    co = CrashOverride(model=script(exec_python("rerun()"), done()))
 
     @co.handler()
     def always_fails() -> None:
@@ -59,7 +59,7 @@ def test_rerun_that_fails_again_reraises_the_original() -> None:
 
 
 def test_finishing_without_a_result_is_not_a_recovery() -> None:
-    co = CrashOverride(model=scripted(done_step("I looked around")))
+    co = CrashOverride(model=script(done("I looked around")))
 
     @co.handler()
     def broken() -> int:
@@ -71,7 +71,7 @@ def test_finishing_without_a_result_is_not_a_recovery() -> None:
 
 
 def test_decorator_postcondition_sees_the_result() -> None:
-    co = CrashOverride(model=scripted(exec_step("set_result(-1)"), done_step()))
+    co = CrashOverride(model=script(exec_python("set_result(-1)"), done()))
 
     @co.handler(postcondition=lambda view: view["result"] >= 0)
     def count() -> int:
@@ -84,7 +84,7 @@ def test_decorator_postcondition_sees_the_result() -> None:
 
 def test_the_agent_sees_the_call_arguments_and_the_failed_frame_locals() -> None:
     co = CrashOverride(
-        model=scripted(exec_step("set_result((args, kwargs, caller['step']))"), done_step())
+        model=script(exec_python("set_result((args, kwargs, caller['step']))"), done())
     )
 
     @co.handler()
@@ -97,7 +97,7 @@ def test_the_agent_sees_the_call_arguments_and_the_failed_frame_locals() -> None
 
 @pytest.mark.anyio
 async def test_async_function_result_and_rerun(anyio_backend: str) -> None:
-    model = scripted(exec_step("set_result(await helper())"), done_step())
+    model = script(exec_python("set_result(await helper())"), done())
     co = CrashOverride(model=model)
 
     @co.handler()
@@ -113,7 +113,7 @@ async def helper() -> str:
 
 @pytest.mark.anyio
 async def test_async_give_up_reraises(anyio_backend: str) -> None:
-    co = CrashOverride(model=scripted(give_up_step("no data")))
+    co = CrashOverride(model=script(give_up("no data")))
 
     @co.handler()
     async def fetch() -> str:

@@ -171,6 +171,7 @@ def fault_app(co: CrashOverride, seen: Seen, timeout: float) -> Starlette:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAULTS)
 def test_request_gets_the_normal_500_in_time_and_the_app_keeps_serving(name: str) -> None:
     fault = FAULTS[name]

@@ -25,11 +25,19 @@ from typing import Any
 
 import anyio
 import pytest
-from agents.testing import ModelStep, function_call
+from agents.testing import ModelStep
 
 from crashoverride import CrashOverride
-from crashoverride.testing import MockServer, done, exec_python, hang
-from tests.helpers import done_step, exec_step, give_up_step, scripted
+from crashoverride.testing import (
+    MockServer,
+    done,
+    exec_python,
+    give_up,
+    hang,
+    output_items,
+    script,
+    tool_call,
+)
 
 
 def fail() -> None:
@@ -83,16 +91,16 @@ async def test_cancelling_the_owner_mid_recovery_propagates_and_leaves_nothing(
     good = [exec_python("caller['article'] = 'ok'"), done()]
     async with MockServer([hang(), *good] if stuck == "model endpoint hanging" else []) as srv:
         if stuck == "model thinking":
-            model = scripted()
+            model = script()
             model.enqueue(ModelStep.respond(_hang))
-            model.enqueue(exec_step("caller['article'] = 'ok'"))
-            model.enqueue(done_step())
+            model.enqueue(output_items(exec_python("caller['article'] = 'ok'")))
+            model.enqueue(output_items(done()))
             co = CrashOverride(model=model, timeout=30)
         elif stuck == "agent code":
-            model = scripted(
-                exec_step("import anyio\nawait anyio.sleep(3600)"),
-                exec_step("caller['article'] = 'ok'"),
-                done_step(),
+            model = script(
+                exec_python("import anyio\nawait anyio.sleep(3600)"),
+                exec_python("caller['article'] = 'ok'"),
+                done(),
             )
             co = CrashOverride(model=model, timeout=30)
         else:
@@ -117,7 +125,7 @@ async def test_cancelling_the_owner_mid_recovery_propagates_and_leaves_nothing(
 
 def test_ctrl_c_during_a_sync_recovery_propagates_at_once() -> None:
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    model = scripted()
+    model = script()
     model.enqueue(ModelStep.respond(_hang))
     co = CrashOverride(model=model, timeout=30)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
@@ -140,9 +148,8 @@ INTERRUPT_SCRIPT = """
 import sys, threading, time
 
 import anyio
-from agents.testing import function_call
 from crashoverride import CrashOverride
-from tests.helpers import done_step, exec_step, scripted
+from crashoverride.testing import done, exec_python, script, tool_call
 
 placement, source = sys.argv[1], sys.argv[2]
 
@@ -152,9 +159,9 @@ def ask_operator() -> str:
     raise KeyboardInterrupt  # the operator pressed Ctrl-C at the prompt
 
 
-step = ([function_call("ask_operator", "{}", call_id="op1")] if source == "tool"
-        else exec_step("raise KeyboardInterrupt"))
-model = scripted(step, done_step())
+step = (tool_call("ask_operator", "{}") if source == "tool"
+        else exec_python("raise KeyboardInterrupt"))
+model = script(step, done())
 co = CrashOverride(model=model, tools=[ask_operator], timeout=10)
 
 
@@ -189,6 +196,7 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["tool", "code"])
 @pytest.mark.parametrize("placement", ["temporary-loop", "asyncio", "trio", "blocked-owner"])
 def test_keyboard_interrupt_inside_a_recovery_propagates(source: str, placement: str) -> None:
@@ -223,8 +231,8 @@ def test_keyboard_interrupt_inside_a_recovery_propagates(source: str, placement:
 @pytest.mark.anyio
 @pytest.mark.parametrize("code", ["import sys; sys.exit(3)", "await anyio.sleep(0); sys.exit(3)"])
 async def test_agent_sys_exit_ends_the_recovery_as_failed(anyio_backend: str, code: str) -> None:
-    model = scripted(exec_step("import anyio, sys\n" + code.replace("import sys; ", "")))
-    model.enqueue(done_step())
+    model = script(exec_python("import anyio, sys\n" + code.replace("import sys; ", "")))
+    model.enqueue(output_items(done()))
     co = CrashOverride(model=model)
     with pytest.raises(KeyError) as info:
         async with co.handler():
@@ -244,7 +252,7 @@ async def test_agent_sys_exit_ends_the_recovery_as_failed(anyio_backend: str, co
 async def test_agent_code_stuck_in_an_await_is_contained_by_the_timeout(
     anyio_backend: str, code: str
 ) -> None:
-    co = CrashOverride(model=scripted(exec_step(code), done_step()), timeout=0.5)
+    co = CrashOverride(model=script(exec_python(code), done()), timeout=0.5)
     before = running_tasks()
     began = time.monotonic()
     with pytest.raises(KeyError) as info:
@@ -256,7 +264,7 @@ async def test_agent_code_stuck_in_an_await_is_contained_by_the_timeout(
 
 
 def test_sync_agent_code_stuck_in_an_await_is_contained_by_the_timeout() -> None:
-    co = CrashOverride(model=scripted(exec_step("await asyncio.Event().wait()")), timeout=0.5)
+    co = CrashOverride(model=script(exec_python("await asyncio.Event().wait()")), timeout=0.5)
     began = time.monotonic()
     with pytest.raises(KeyError) as info, co.handler():
         fail()
@@ -273,11 +281,12 @@ def lookup_inventory() -> str:
     return "released"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placement", ["temporary-loop", "asyncio", "trio", "blocked-owner"])
 def test_a_deadlocked_sync_tool_is_left_behind_at_the_deadline(placement: str) -> None:
     RELEASE.clear()
-    step = [function_call("lookup_inventory", "{}", call_id="inv1")]
-    co = CrashOverride(model=scripted(step, done_step()), tools=[lookup_inventory], timeout=0.5)
+    step = tool_call("lookup_inventory", "{}")
+    co = CrashOverride(model=script(step, done()), tools=[lookup_inventory], timeout=0.5)
     took: list[float] = []
 
     def sync_block() -> None:
@@ -334,7 +343,7 @@ async def test_an_internal_bug_never_replaces_the_users_exception(
         monkeypatch.setattr(structlog, "get_logger", broken)
     else:
         monkeypatch.setattr(events, "bound", broken)
-    co = CrashOverride(model=scripted(give_up_step("no")))
+    co = CrashOverride(model=script(give_up("no")))
     original = KeyError("mine")
     with pytest.raises(KeyError) as info:
         async with co.handler():
@@ -346,6 +355,43 @@ async def test_an_internal_bug_never_replaces_the_users_exception(
         assert any("internal error" in n and f"bug in {where}" in n for n in info.value.__notes__)
 
 
+SK_KEY = "sk-proj-4fG7hJ2kL9mN3pQ8rS1tU6vW0xY5zA2b"
+GATEWAY_KEY = "corp-7Q2mXk9Lp4Rt8Vw3Zb6N"  # the configured api_key: no format the scan knows
+
+
+@pytest.mark.parametrize("secret", [SK_KEY, GATEWAY_KEY])
+@pytest.mark.parametrize("where", ["describing the block", "starting the record", "reporting"])
+def test_an_internal_errors_note_carries_no_secret(
+    where: str, secret: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An internal error's message may quote anything crashoverride held (a key, a header);
+    # the note goes on the user's exception, which is logged and shown: it is redacted.
+    from structlog.testing import capture_logs
+
+    from crashoverride._core import block, recovery
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError(f"could not reach the gateway with {secret}")
+
+    if where == "describing the block":  # the handler's path, before any recovery record
+        monkeypatch.setattr(block, "with_block", broken)
+    elif where == "starting the record":
+        monkeypatch.setattr(recovery.Recovery, "__init__", broken)
+    else:
+        monkeypatch.setattr(recovery.Recovery, "_report", broken)
+    co = CrashOverride(model=script(give_up("no")), api_key=GATEWAY_KEY)
+    original = KeyError("mine")
+    with capture_logs() as logs, pytest.raises(KeyError) as info:
+        with co.handler():
+            raise original
+    assert info.value is original
+    notes = info.value.__notes__
+    assert any("internal error" in n and "could not reach the gateway" in n for n in notes)
+    assert [n for n in notes if secret in n] == []
+    assert secret not in repr(logs)
+
+
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("delay", [0.0, 0.001, 0.003, 0.01, 0.03])
 @pytest.mark.parametrize("stuck", ["model thinking", "agent code"])
@@ -354,11 +400,11 @@ async def test_a_cancelled_recovery_leaves_no_coroutine_unawaited(
 ) -> None:
     # Defect 22: the SDK's turn coroutine, cancelled with the recovery at any point, must still
     # be awaited; otherwise "coroutine ... was never awaited" surfaces later, in other code.
-    model = scripted()
+    model = script()
     if stuck == "model thinking":
         model.enqueue(ModelStep.respond(_hang))
     else:
-        model.enqueue(exec_step("import anyio\nawait anyio.sleep(3600)"))
+        model.enqueue(output_items(exec_python("import anyio\nawait anyio.sleep(3600)")))
     co = CrashOverride(model=model, timeout=30)
     unraisable: list[str] = []
     previous = sys.unraisablehook
@@ -382,6 +428,7 @@ async def test_a_cancelled_recovery_leaves_no_coroutine_unawaited(
     assert unraisable == []
 
 
+@pytest.mark.slow
 def test_a_first_failure_cancelled_while_loading_leaves_nothing_behind() -> None:
     # The first failure of a fresh process loads the recovery modules in a thread; cancelled
     # at once and the loop closed before that thread ends, nothing may fail or leak later.

@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 from crashoverride import ConfigurationError, CrashOverride, Redaction
-from crashoverride.testing import MockServer, done, exec_python
-from crashoverride.testing import eval_python as eval_step_kit
-from tests.helpers import done_step, exec_step, scripted, tool_outputs
-
-
-def inspect_step(expression: str) -> list[Any]:
-    from agents.testing import function_call
-
-    return [function_call("inspect_python", {"expression": expression}, call_id=expression[:30])]
+from crashoverride.testing import (
+    MockServer,
+    done,
+    eval_python,
+    exec_python,
+    inspect_python,
+    script,
+    tool_outputs,
+)
 
 
 def broken_total(items: list[int]) -> int:
@@ -25,11 +24,11 @@ def broken_total(items: list[int]) -> int:
 
 
 def test_diagnose_mode_reraises_with_the_diagnosis_and_cannot_mutate() -> None:
-    model = scripted(
-        inspect_step("show_source(broken_total)"),
-        inspect_step("items.append(99)"),
-        inspect_step("len(items)"),
-        done_step("Root cause: broken_total adds int('n/a'); drop that term."),
+    model = script(
+        inspect_python("show_source(broken_total)"),
+        inspect_python("items.append(99)"),
+        inspect_python("len(items)"),
+        done("Root cause: broken_total adds int('n/a'); drop that term."),
     )
     co = CrashOverride(model=model, mode="diagnose")
     items = [1, 2]
@@ -59,10 +58,10 @@ def test_approve_denies_and_the_model_is_told() -> None:
         seen.append(code)
         return "no file access" if "open(" in code else True
 
-    model = scripted(
-        exec_step("open('/etc/hostname').read()"),
-        exec_step("caller['value'] = 7"),
-        done_step(),
+    model = script(
+        exec_python("open('/etc/hostname').read()"),
+        exec_python("caller['value'] = 7"),
+        done(),
     )
     co = CrashOverride(model=model, approve=reviewer)
     value = None
@@ -95,7 +94,7 @@ async def test_async_approve_runs_on_the_app_loop(anyio_backend: str) -> None:
         await anyio.lowlevel.checkpoint()
         return "delete" not in code
 
-    model = scripted(exec_step("caller['n'] = 1"), done_step())
+    model = script(exec_python("caller['n'] = 1"), done())
     co = CrashOverride(model=model, approve=reviewer)
     n = 0
     async with co.handler():
@@ -104,7 +103,7 @@ async def test_async_approve_runs_on_the_app_loop(anyio_backend: str) -> None:
 
 
 def test_without_approve_the_audit_says_so() -> None:
-    model = scripted(exec_step("caller['fixed'] = True"), done_step())
+    model = script(exec_python("caller['fixed'] = True"), done())
     handler = CrashOverride(model=model).handler()
     with handler:
         raise ValueError
@@ -136,7 +135,7 @@ def test_planted_secrets_never_reach_the_model_events_or_report(
         "import os\nprint(os.environ['BILLING_API_KEY'])\n"
         "caller['ok'] = True"
     )
-    with MockServer([eval_step_kit("error"), exec_python(leak), done()]) as server:
+    with MockServer([eval_python("error"), exec_python(leak), done()]) as server:
         co = CrashOverride(model="m", base_url=server.base_url, api_key="sk-the-api-key-1",
                            redaction=policy)  # fmt: skip
         password = "hunter2-password"

@@ -12,7 +12,7 @@ from agents.testing import ModelStep
 from structlog.testing import capture_logs
 
 from crashoverride import CrashOverride
-from tests.helpers import done_step, eval_step, exec_step, give_up_step, scripted, tool_outputs
+from crashoverride.testing import done, eval_python, exec_python, give_up, script, tool_outputs
 
 
 def fail() -> None:
@@ -20,7 +20,7 @@ def fail() -> None:
 
 
 def test_recovered_block_continues_after_it() -> None:
-    model = scripted(exec_step("caller['article'] = 'recovered'"), done_step("set article"))
+    model = script(exec_python("caller['article'] = 'recovered'"), done("set article"))
     co = CrashOverride(model=model)
     article = None
     handler = co.handler(prompt="Leave `article` set.")
@@ -36,7 +36,7 @@ def test_recovered_block_continues_after_it() -> None:
 
 
 def test_give_up_reraises_the_original_object_with_traceback_and_note() -> None:
-    co = CrashOverride(model=scripted(give_up_step("the source is gone")))
+    co = CrashOverride(model=script(give_up("the source is gone")))
     with pytest.raises(KeyError) as info, co.handler():
         fail()
     exc = info.value
@@ -47,7 +47,7 @@ def test_give_up_reraises_the_original_object_with_traceback_and_note() -> None:
 
 
 def test_original_exception_identity_is_preserved() -> None:
-    co = CrashOverride(model=scripted(give_up_step("no")))
+    co = CrashOverride(model=script(give_up("no")))
     original = ValueError("mine")
     with pytest.raises(ValueError) as info, co.handler():
         raise original
@@ -55,7 +55,7 @@ def test_original_exception_identity_is_preserved() -> None:
 
 
 def test_replacement_exception_chains_the_original() -> None:
-    model = scripted(exec_step("raise_instead(RuntimeError('upstream is down'))"))
+    model = script(exec_python("raise_instead(RuntimeError('upstream is down'))"))
     co = CrashOverride(model=model)
     with pytest.raises(RuntimeError, match="upstream is down") as info, co.handler():
         fail()
@@ -63,7 +63,7 @@ def test_replacement_exception_chains_the_original() -> None:
 
 
 def test_postcondition_false_reraises() -> None:
-    model = scripted(exec_step("pass"), done_step())
+    model = script(exec_python("pass"), done())
     co = CrashOverride(model=model)
     with pytest.raises(KeyError) as info:
         with co.handler(postcondition=lambda local: local.get("article") is not None):
@@ -74,7 +74,7 @@ def test_postcondition_false_reraises() -> None:
 
 
 def test_postcondition_true_suppresses() -> None:
-    model = scripted(exec_step("caller['article'] = 'x'"), done_step())
+    model = script(exec_python("caller['article'] = 'x'"), done())
     co = CrashOverride(model=model)
     article = None
     with co.handler(postcondition=lambda local: local["article"] == "x"):
@@ -83,7 +83,7 @@ def test_postcondition_true_suppresses() -> None:
 
 
 def test_max_turns_reraises() -> None:
-    model = scripted(eval_step("1"), eval_step("2"), eval_step("3"), done_step())
+    model = script(eval_python("1"), eval_python("2"), eval_python("3"), done())
     co = CrashOverride(model=model, max_turns=2)
     with pytest.raises(KeyError) as info, co.handler():
         fail()
@@ -91,7 +91,7 @@ def test_max_turns_reraises() -> None:
 
 
 def test_model_error_reraises() -> None:
-    model = scripted()
+    model = script()
     model.enqueue(RuntimeError("model exploded"))
     co = CrashOverride(model=model)
     with pytest.raises(KeyError) as info, co.handler():
@@ -100,7 +100,7 @@ def test_model_error_reraises() -> None:
 
 
 def test_exhausted_script_reraises() -> None:
-    co = CrashOverride(model=scripted(eval_step("1")))
+    co = CrashOverride(model=script(eval_python("1")))
     with pytest.raises(KeyError) as info, co.handler():
         fail()
     assert any("no scripted steps remain" in n for n in info.value.__notes__)
@@ -110,7 +110,7 @@ def test_timeout_while_model_hangs() -> None:
     async def hang(_: Any) -> Any:
         await asyncio.sleep(3600)
 
-    model = scripted()
+    model = script()
     model.enqueue(ModelStep.respond(hang))
     co = CrashOverride(model=model, timeout=0.3)
     with capture_logs() as logs, pytest.raises(KeyError) as info, co.handler():
@@ -138,7 +138,7 @@ def test_unreachable_endpoint_reraises() -> None:
 
 
 def test_tool_errors_reach_the_model_as_tracebacks() -> None:
-    model = scripted(exec_step("1 / 0"), give_up_step("cannot"))
+    model = script(exec_python("1 / 0"), give_up("cannot"))
     co = CrashOverride(model=model)
     with pytest.raises(KeyError), co.handler():
         fail()
@@ -150,7 +150,7 @@ def test_tool_errors_reach_the_model_as_tracebacks() -> None:
 
 
 def test_agent_sys_exit_ends_the_recovery_not_the_process() -> None:
-    model = scripted(exec_step("import sys; sys.exit(3)"), done_step())
+    model = script(exec_python("import sys; sys.exit(3)"), done())
     co = CrashOverride(model=model)
     with pytest.raises(KeyError) as info, co.handler():
         fail()
@@ -160,7 +160,7 @@ def test_agent_sys_exit_ends_the_recovery_not_the_process() -> None:
 
 @pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit, GeneratorExit])
 def test_control_flow_is_never_caught(exc_type: type[BaseException]) -> None:
-    model = scripted(done_step())
+    model = script(done())
     co = CrashOverride(model=model)
     with pytest.raises(exc_type), co.handler():
         raise exc_type()
@@ -168,7 +168,7 @@ def test_control_flow_is_never_caught(exc_type: type[BaseException]) -> None:
 
 
 def test_non_matching_exception_passes_untouched() -> None:
-    model = scripted(done_step())
+    model = script(done())
     co = CrashOverride(model=model, catch=ValueError)
     with pytest.raises(KeyError) as info, co.handler():
         fail()
@@ -177,7 +177,7 @@ def test_non_matching_exception_passes_untouched() -> None:
 
 
 def test_handler_catch_overrides_app_catch() -> None:
-    model = scripted(exec_step("caller['fixed'] = True"), done_step())
+    model = script(exec_python("caller['fixed'] = True"), done())
     co = CrashOverride(model=model, catch=ValueError)
     with co.handler(catch=KeyError):
         fail()
@@ -193,7 +193,7 @@ def test_internal_failure_never_replaces_the_users_exception(
         raise RuntimeError("bug in crashoverride")
 
     monkeypatch.setattr(recovery.Recovery, "prepare", broken)
-    co = CrashOverride(model=scripted(done_step()))
+    co = CrashOverride(model=script(done()))
     with pytest.raises(KeyError) as info, co.handler():
         fail()
     assert any("internal error" in n and "bug in crashoverride" in n for n in info.value.__notes__)
@@ -207,7 +207,7 @@ def test_broken_logging_never_replaces_the_users_exception() -> None:
 
     structlog.configure(processors=[explode])
     try:
-        co = CrashOverride(model=scripted(give_up_step("no")))
+        co = CrashOverride(model=script(give_up("no")))
         with pytest.raises(KeyError) as info, co.handler():
             fail()
         assert any("gave up" in n for n in info.value.__notes__)
@@ -222,12 +222,13 @@ def test_on_recovery_callback_gets_the_report_and_its_errors_are_contained() -> 
         seen.append(report)
         raise RuntimeError("callback bug")
 
-    co = CrashOverride(model=scripted(give_up_step("no")), on_recovery=callback)
+    co = CrashOverride(model=script(give_up("no")), on_recovery=callback)
     with pytest.raises(KeyError), co.handler():
         fail()
     assert [r.outcome for r in seen] == ["failed"]
 
 
+@pytest.mark.slow
 def test_sdk_not_installed_reraises(tmp_path: Any) -> None:
     import subprocess
 

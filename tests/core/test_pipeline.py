@@ -22,7 +22,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from crashoverride import CrashOverride
-from tests.helpers import done_step, exec_step, give_up_step, scripted
+from crashoverride.testing import Script, done, exec_python, give_up, script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -39,13 +39,13 @@ def _events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 
 
 def test_agent_verifying_by_calling_the_function_again_does_not_wait_on_itself() -> None:
-    model = scripted(
-        exec_step(
+    model = script(
+        exec_python(
             "try:\n    divide(0)\nexcept ZeroDivisionError as again:\n"
             "    print('verify failed as expected:', again.__notes__)\n"
         ),
-        exec_step("set_result(-1)"),
-        done_step(),
+        exec_python("set_result(-1)"),
+        done(),
     )
     co = CrashOverride(model=model, timeout=3)
 
@@ -65,10 +65,11 @@ def test_agent_verifying_by_calling_the_function_again_does_not_wait_on_itself()
 
 
 def test_interrupting_a_sync_wait_for_a_slot_hands_the_slot_on() -> None:
-    model = scripted(
-        exec_step("import time\ntime.sleep(1.0)\ncaller['value'] = 1"), done_step(),
-        exec_step("caller['value'] = 3"), done_step(),
-    )  # fmt: skip
+    model = (
+        Script(exec_python("import time\ntime.sleep(1.0)\ncaller['value'] = 1"), done())
+        .run(exec_python("caller['value'] = 3"), done())
+        .model()
+    )
     co = CrashOverride(model=model, max_concurrent_recoveries=1, concurrency_wait=5)
 
     def holder() -> None:
@@ -97,12 +98,14 @@ def test_interrupting_a_sync_wait_for_a_slot_hands_the_slot_on() -> None:
 # -- 6. single-flight holds under slot contention: one agent run per fingerprint -------------
 
 
+@pytest.mark.slow
 def test_waiters_never_run_their_own_agent_while_the_leader_waits_for_a_slot() -> None:
-    model = scripted(
-        exec_step("import time\ntime.sleep(0.8)\ncaller['x'] = 0"), done_step(),  # unrelated
-        exec_step("import time\ntime.sleep(0.9)\nset_result(5)"), done_step(),  # the leader
-        exec_step("set_result(6)"), done_step(),  # a second run of the same failure, if any
-    )  # fmt: skip
+    model = (
+        Script(exec_python("import time\ntime.sleep(0.8)\ncaller['x'] = 0"), done())  # unrelated
+        .run(exec_python("import time\ntime.sleep(0.9)\nset_result(5)"), done())  # the leader
+        .run(exec_python("set_result(6)"), done())  # a second run of the same failure, if any
+        .model()
+    )
     co = CrashOverride(model=model, timeout=1, max_concurrent_recoveries=1, concurrency_wait=10)
 
     @co.handler()
@@ -138,7 +141,7 @@ def test_waiters_never_run_their_own_agent_while_the_leader_waits_for_a_slot() -
 
 
 def test_a_postcondition_returning_a_reason_is_not_recovered() -> None:
-    model = scripted(exec_step("caller['value'] = 2"), done_step())
+    model = script(exec_python("caller['value'] = 2"), done())
     co = CrashOverride(model=model)
     with pytest.raises(ValueError) as raised:
         with co.handler(postcondition=lambda view: "value must be positive, got 2?"):
@@ -148,7 +151,7 @@ def test_a_postcondition_returning_a_reason_is_not_recovered() -> None:
 
 
 def test_a_with_block_is_not_recovered_by_a_final_message_alone() -> None:
-    model = scripted(done_step("I could not fix it"))
+    model = script(done("I could not fix it"))
     co = CrashOverride(model=model)
     with pytest.raises(ValueError) as raised:
         with co.handler() as handler:
@@ -158,7 +161,7 @@ def test_a_with_block_is_not_recovered_by_a_final_message_alone() -> None:
 
 
 def test_a_with_block_is_not_recovered_when_every_snippet_was_denied() -> None:
-    model = scripted(exec_step("caller['value'] = 1"), done_step("fixed"))
+    model = script(exec_python("caller['value'] = 1"), done("fixed"))
     co = CrashOverride(model=model, approve=lambda code: False)
     with pytest.raises(ValueError):
         with co.handler():
@@ -172,7 +175,7 @@ def test_a_with_block_is_not_recovered_when_every_snippet_was_denied() -> None:
 def test_agent_raised_keyboard_interrupt_keeps_the_users_exception(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    co = CrashOverride(model=scripted(exec_step("raise KeyboardInterrupt")))
+    co = CrashOverride(model=script(exec_python("raise KeyboardInterrupt")))
     original: BaseException | None = None
     with pytest.raises(KeyboardInterrupt) as raised:
         try:
@@ -190,7 +193,7 @@ def test_agent_raised_keyboard_interrupt_keeps_the_users_exception(
 async def test_agent_raised_keyboard_interrupt_keeps_the_users_exception_async(
     anyio_backend: str,
 ) -> None:
-    co = CrashOverride(model=scripted(exec_step("raise KeyboardInterrupt")))
+    co = CrashOverride(model=script(exec_python("raise KeyboardInterrupt")))
     with pytest.raises(KeyboardInterrupt) as raised:
         async with co.handler():
             int("x")
@@ -201,7 +204,7 @@ async def test_agent_raised_keyboard_interrupt_keeps_the_users_exception_async(
 
 
 def test_a_recursive_failure_is_recovered_once_with_one_note() -> None:
-    model = scripted(give_up_step("cannot"), exec_step("set_result(7)"), done_step())
+    model = Script(give_up("cannot")).run(exec_python("set_result(7)"), done()).model()
     co = CrashOverride(model=model, breaker_threshold=2)
 
     @co.handler()
@@ -225,7 +228,7 @@ def test_a_recursive_failure_is_recovered_once_with_one_note() -> None:
 
 
 def test_infinite_recursion_carries_one_note() -> None:
-    co = CrashOverride(model=scripted(give_up_step("infinite recursion")))
+    co = CrashOverride(model=script(give_up("infinite recursion")))
 
     @co.handler()
     def forever(n: int) -> int:
@@ -242,7 +245,7 @@ def test_a_failure_at_the_recursion_limit_keeps_its_exception_and_one_note() -> 
     # not replace the user's RecursionError, nor leave it without its one note.
     pads = range(0, 80, 3)
     co = CrashOverride(
-        model=scripted(*(give_up_step("infinite recursion") for _ in pads)),
+        model=script(*(give_up("infinite recursion") for _ in pads)),
         breaker_threshold=10**6,
     )
 
@@ -270,12 +273,12 @@ def test_a_failure_at_the_recursion_limit_keeps_its_exception_and_one_note() -> 
 _LOOP_SCRIPT = """
 import contextvars, gc
 from crashoverride import CrashOverride, RecoveryReport
-from tests.helpers import done_step, exec_step, scripted
+from crashoverride.testing import done, exec_python, script
 
 steps = []
 for _ in range(200):
-    steps += [exec_step("caller['value'] = 1"), done_step()]
-model = scripted(*steps)
+    steps += [exec_python("caller['value'] = 1"), done()]
+model = script(*steps)
 co = CrashOverride(model=model)
 sizes = []
 for _ in range(200):
@@ -290,6 +293,7 @@ print(sizes[-1] - sizes[0], len(alive))
 """
 
 
+@pytest.mark.slow
 def test_a_handler_per_iteration_keeps_no_reports_alive() -> None:
     # A fresh interpreter: the test runner's own bookkeeping must not count as a leak.
     done = subprocess.run(
@@ -306,7 +310,7 @@ def test_a_handler_per_iteration_keeps_no_reports_alive() -> None:
 
 
 def test_the_sync_decorator_frees_the_failed_frame_without_cyclic_gc() -> None:
-    co = CrashOverride(model=scripted(exec_step("set_result(1)"), done_step()))
+    co = CrashOverride(model=script(exec_python("set_result(1)"), done()))
     watched: list[weakref.ref[Payload]] = []
 
     @co.handler()
@@ -327,9 +331,10 @@ def test_the_sync_decorator_frees_the_failed_frame_without_cyclic_gc() -> None:
 # -- 18. every started recovery ends with exactly one terminal event --------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_a_cancelled_recovery_ends_with_one_terminal_event(anyio_backend: str) -> None:
-    co = CrashOverride(model=scripted(exec_step("import anyio\nawait anyio.sleep(30)")))
+    co = CrashOverride(model=script(exec_python("import anyio\nawait anyio.sleep(30)")))
     with capture_logs() as logs:
         with anyio.move_on_after(1.0):
             async with co.handler():
@@ -352,12 +357,12 @@ _REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("request", defaul
 
 
 def test_await_snippets_run_on_the_owner_thread_with_its_context() -> None:
-    model = scripted(
-        exec_step(
+    model = script(
+        exec_python(
             "import asyncio, threading\nawait asyncio.sleep(0)\n"
             "caller['seen'] = (threading.get_ident(), REQUEST.get())"
         ),
-        done_step(),
+        done(),
     )
     co = CrashOverride(model=model)
 
@@ -381,11 +386,11 @@ _FOLLOWUP_SPIN = """
 import anyio
 from crashoverride import CrashOverride
 from crashoverride.followups import TaskGroupRunner
-from tests.helpers import done_step, exec_step, scripted
+from crashoverride.testing import done, exec_python, script
 
-model = scripted(
-    exec_step("caller['value'] = 1"), done_step(),  # the recovery
-    exec_step("while True:\\n    pass"), done_step(),  # the follow-up spins on the app's loop
+model = script(
+    exec_python("caller['value'] = 1"), done(),  # the recovery
+    exec_python("while True:\\n    pass"), done(),  # the follow-up spins on the app's loop
 )
 co = CrashOverride(model=model, followups=["check the repair"], followup_timeout=1)
 results = []
@@ -401,6 +406,7 @@ anyio.run(main)
 """
 
 
+@pytest.mark.slow
 def test_a_spinning_followup_on_the_app_loop_is_stopped_at_its_deadline() -> None:
     done = subprocess.run(
         [sys.executable, "-c", _FOLLOWUP_SPIN], capture_output=True, text=True, timeout=60,
@@ -415,8 +421,8 @@ def test_a_finished_recovery_is_freed_by_reference_counting() -> None:
     # Defect 11: nothing of a finished recovery may wait for the cyclic collector (a busy server
     # would carry every record, guard and closure until the next full collection).
     co = CrashOverride(
-        model=scripted(*(s for _ in range(10) for s in (exec_step("caller['value'] = 1"),
-                                                         done_step()))),
+        model=script(*(s for _ in range(10) for s in (exec_python("caller['value'] = 1"),
+                                                         done()))),
         single_flight=False,
     )  # fmt: skip
 

@@ -35,7 +35,10 @@ from crashoverride import CrashOverride
 from crashoverride._agent.namespace import Workspace
 from crashoverride._diagnose import snapshot
 from crashoverride._diagnose.source import show_source
-from tests.helpers import done_step, scripted, tool_outputs
+from crashoverride.testing import done, inspect_python, script, tool_outputs
+
+# Nearly every test here forks snapshots next to a local HTTP server (the exfiltration target).
+pytestmark = pytest.mark.slow
 
 LINUX = sys.platform.startswith("linux")
 
@@ -220,12 +223,12 @@ def test_the_fallback_evaluator_refuses_every_write_attempt(
 
 
 def test_diagnose_mode_through_the_handler_leaves_the_block_untouched() -> None:
-    model = scripted(
-        [_inspect("max([{'items': None, 'total': 0}], key=caller.update)")],
-        [_inspect("items.append(99)")],
-        [_inspect("jobs.get()")],
-        [_inspect("(len(items), total, jobs.qsize())")],
-        done_step("Root cause: the total was never computed."),
+    model = script(
+        inspect_python("max([{'items': None, 'total': 0}], key=caller.update)"),
+        inspect_python("items.append(99)"),
+        inspect_python("jobs.get()"),
+        inspect_python("(len(items), total, jobs.qsize())"),
+        done("Root cause: the total was never computed."),
     )
     co = CrashOverride(model=model, mode="diagnose")
     items, total, jobs = [1, 2], 3, queue.Queue[str]()
@@ -248,7 +251,7 @@ def test_the_13_write_attempts_through_a_diagnose_recovery_change_nothing(
         return "refunded"
 
     attempts = [ATTEMPTS[name][0] for name in list(ATTEMPTS)[:14]]
-    model = scripted(*[[_inspect(a)] for a in attempts], done_step("Root cause: none."))
+    model = script(*[inspect_python(a) for a in attempts], done("Root cause: none."))
     co = CrashOverride(model=model, mode="diagnose", tools=[refund])
     w = World(tmp=tmp_path, server=server)
     hits, items, settings, account, jobs, ajobs, flag, gen = (
@@ -285,10 +288,10 @@ def test_the_13_write_attempts_through_a_diagnose_recovery_change_nothing(
 
 @pytest.mark.anyio
 async def test_diagnose_mode_in_an_async_block_forks_from_the_event_loop_thread() -> None:
-    model = scripted(
-        [_inspect("(jobs.get_nowait(), items.clear())")],
-        [_inspect("(jobs.qsize(), len(items))")],
-        done_step("Root cause: the key is missing."),
+    model = script(
+        inspect_python("(jobs.get_nowait(), items.clear())"),
+        inspect_python("(jobs.qsize(), len(items))"),
+        done("Root cause: the key is missing."),
     )
     co = CrashOverride(model=model, mode="diagnose")
     items, jobs = [1, 2], queue.Queue[str]()
@@ -298,12 +301,6 @@ async def test_diagnose_mode_in_an_async_block_forks_from_the_event_loop_thread(
             raise KeyError("sku")
     assert (items, jobs.qsize()) == ([1, 2], 1)
     assert tool_outputs(model)[-1] == "(1, 2)"
-
-
-def _inspect(expression: str) -> Any:
-    from agents.testing import function_call
-
-    return function_call("inspect_python", {"expression": expression}, call_id=expression[:40])
 
 
 # -- what a fork shares with the process: descriptors, shared memory, other processes -------

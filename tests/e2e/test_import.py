@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 
 HEAVY = ("agents", "openai", "structlog", "asyncio", "anyio", "httpx", "httpx2", "mcp")
+# The recovery machinery: the pipeline and the agent run, loaded by a first failure only.
+RECOVERY = ("crashoverride._core", "crashoverride._agent")
 
 
 def _run(code: str) -> dict[str, object]:
@@ -25,6 +28,11 @@ def test_import_loads_no_heavy_module() -> None:
     assert result == dict.fromkeys(HEAVY, False)
 
 
+def test_the_recovery_machinery_guarded_against_exists() -> None:
+    # A guard naming a module that was renamed or deleted would pass for ever.
+    assert all(importlib.util.find_spec(name) is not None for name in RECOVERY)
+
+
 def test_a_block_that_does_not_raise_creates_nothing() -> None:
     result = _run(
         "import sys, json, threading\n"
@@ -38,7 +46,7 @@ def test_a_block_that_does_not_raise_creates_nothing() -> None:
         "    return 1\n"
         "f()\n"
         "loaded = [m for m in sys.modules if m.split('.')[0] in "
-        f"{HEAVY!r} or m.startswith('crashoverride._flow')]\n"
+        f"{HEAVY!r} or m.startswith({RECOVERY!r})]\n"
         "print(json.dumps({'loaded': loaded, 'threads': threading.active_count() - threads,"
         " 'limits': co._limits_state is not None}))"
     )

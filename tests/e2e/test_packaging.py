@@ -1,4 +1,4 @@
-"""The wheel maps ``integrations/`` to ``crashoverride.integrations`` and ships ``py.typed``."""
+"""The wheel holds the package from ``src/`` (integrations, ``py.typed``, eval) and nothing else."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def test_wheel_contents_and_import(tmp_path: Path) -> None:
     # ``crashoverride eval`` ships its scenarios and their applications.
     assert {"crashoverride/_eval/scenarios/traps_asgi.py", "crashoverride/_eval/apps/traps_asgi.py",
             "crashoverride/_eval/_runner.py"} <= names  # fmt: skip
-    assert not any(n.startswith(("tests/", "integrations/")) for n in names)
+    # Only the package and its metadata: no tests/, benchmarks/ or examples/ beside it.
+    assert all(n.startswith(("crashoverride/", "crashoverride-")) for n in names), names
 
     # Import from the wheel alone (no dependencies needed just to import the package).
     target = tmp_path / "site"
@@ -44,7 +45,7 @@ def test_wheel_contents_and_import(tmp_path: Path) -> None:
     out = subprocess.run(
         [str(env / "bin" / "python"), "-c", code],
         env={"PYTHONPATH": str(target)},
-        cwd=tmp_path,  # not the checkout: its crashoverride/ would shadow the wheel
+        cwd=tmp_path,  # not the checkout: nothing there may shadow the wheel
         capture_output=True,
         text=True,
         timeout=60,

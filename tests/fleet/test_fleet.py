@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 from crashoverride import ApprovalRequest, ConfigurationError, CrashOverride, RedisCoordination
 from crashoverride._admission.coordination import InProcess
+from crashoverride.testing import done, exec_python, give_up, script
 from tests.e2e.test_import import _run as run_python
 from tests.fleet.support import (
     FLEET_KEY,
@@ -32,7 +33,7 @@ from tests.fleet.support import (
     new_namespace,
     private_redis,
 )
-from tests.helpers import await_for, done_step, exec_step, give_up_step, scripted
+from tests.helpers import await_for
 
 PATCH = (
     "import anyio\n"
@@ -99,7 +100,7 @@ def app(url: str, model: Any, **options: Any) -> CrashOverride:
 def fixed_elsewhere(url: str) -> CrashOverride:
     """An app that recovered once (and published its fix); the code is then put back as a
     process started later has it. Close the returned app at the end."""
-    leader = app(url, scripted(exec_step(PATCH), done_step("patched")))
+    leader = app(url, script(exec_python(PATCH), done("patched")))
 
     @leader.handler()
     def job(i: int) -> int:
@@ -228,7 +229,7 @@ def test_the_happy_path_imports_no_redis_and_starts_nothing() -> None:
 async def test_both_backends_give_one_agent_run_for_a_burst(url: str, backend: str) -> None:
     import redis.asyncio
 
-    model = scripted(exec_step(PATCH), done_step("patched"))
+    model = script(exec_python(PATCH), done("patched"))
     coordination = {
         "in-process": None,
         "redis": fleet(url),
@@ -249,7 +250,7 @@ async def test_both_backends_give_one_agent_run_for_a_burst(url: str, backend: s
 
 @pytest.mark.anyio
 async def test_two_processes_one_agent_run_and_every_unit_replays(url: str) -> None:
-    first, second = scripted(exec_step(PATCH), done_step("patched")), scripted()
+    first, second = script(exec_python(PATCH), done("patched")), script()
     leader, other = app(url, first), app(url, second)
     with capture_logs() as logs:
         results = await leader_then_others(*async_jobs(leader, other), 10, logs)
@@ -277,7 +278,7 @@ REBIND = (
 def test_a_process_started_after_the_fix_handles_the_bug_with_no_model_call(
     url: str, fix: str
 ) -> None:
-    leader = app(url, scripted(exec_step(fix), done_step("fixed")))
+    leader = app(url, script(exec_python(fix), done("fixed")))
     seen: list[Any] = []
 
     @leader.handler()
@@ -286,7 +287,7 @@ def test_a_process_started_after_the_fix_handles_the_bug_with_no_model_call(
 
     assert job(2) == 20
     as_deployed()  # a new process: the code as deployed
-    later_model = scripted()
+    later_model = script()
     later = CrashOverride(model=later_model, coordination=fleet(url), on_recovery=seen.append)
 
     @later.handler()
@@ -331,7 +332,7 @@ def test_a_tampered_record_is_refused_and_logged(url: str, tamper: str) -> None:
         envelope["sig"] = "0" * 64
     client.set(name, json.dumps(envelope))
     client.close()
-    model = scripted(exec_step(PATCH), done_step("patched"))
+    model = script(exec_python(PATCH), done("patched"))
     later = app(url, model)
 
     @later.handler()
@@ -358,7 +359,7 @@ def test_approve_sees_a_propagated_fix_before_it_runs(url: str, approver: str) -
             return str(code.no_such_attribute)
         return "not on a Friday"
 
-    model = scripted(give_up_step("no"))
+    model = script(give_up("no"))
     later = CrashOverride(model=model, approve=approve, coordination=fleet(url))
 
     @later.handler()
@@ -375,12 +376,61 @@ def test_approve_sees_a_propagated_fix_before_it_runs(url: str, approver: str) -
     assert "internal error" not in caught.value.__notes__[0]  # the agent ran instead
 
 
+def _trail(calls: Any) -> list[tuple[Any, ...]]:
+    return [(c["tool"], c["source"], c["ok"], c["approved_by"]) if isinstance(c, dict)
+            else (c.tool, c.source, c.ok, c.approved_by) for c in calls]  # fmt: skip
+
+
+def test_a_fix_applied_on_failure_passes_the_handlers_approver_and_is_audited(url: str) -> None:
+    leader = fixed_elsewhere(url)
+    seen: list[ApprovalRequest] = []
+
+    def reviewer(request: ApprovalRequest) -> bool:
+        seen.append(request)
+        return True
+
+    reports: list[Any] = []
+    later = CrashOverride(model=script(), coordination=fleet(url), on_recovery=reports.append)
+
+    @later.handler(approve=reviewer)  # the handler's approver, the application has none
+    def later_job(i: int) -> int:
+        return transform(i)
+
+    with capture_logs() as logs:
+        assert later_job(3) == 30
+    close_fleet(leader, later)
+    assert [(r.tool, r.source) for r in seen] == [("apply_fix", "fleet")]
+    (report,) = reports
+    trail = [("apply_fix", "fleet", True, f"approved by {reviewer.__qualname__}")]
+    assert _trail(report.tool_calls) == trail
+    assert "return value * 10" in report.tool_calls[0].code  # the code that ran
+    assert _trail(events(logs, "recovery.tool_called")) == trail
+
+
+def test_diagnose_mode_never_applies_a_fleet_fix(url: str) -> None:
+    leader = fixed_elsewhere(url)
+    model = script(done("the diagnosis"))
+    later = CrashOverride(model=model, coordination=fleet(url), mode="diagnose")
+
+    @later.handler()
+    def later_job(i: int) -> int:
+        return transform(i)
+
+    with capture_logs() as logs, pytest.raises(NotImplementedError):
+        later_job(3)
+    close_fleet(leader, later)
+    assert transform.__code__ is ORIGINAL  # nothing was changed
+    (refused,) = events(logs, "fleet.fix_refused")
+    assert "diagnose" in refused["reason"]
+    assert len(model.calls) == 1  # the diagnosis ran instead
+
+
 # --------------------------------------------------------------------- takeover and breakers
 
 
 @pytest.mark.anyio
 async def test_a_lease_whose_holder_died_is_taken_over(url: str) -> None:
-    co = app(url, scripted(exec_step(PATCH), done_step("patched")), lease=0.3)
+    co = app(url, script(exec_python(PATCH), done("patched")), lease=0.3)
     keys = co._limits().coordination.keys  # type: ignore[attr-defined]
 
     @co.handler()
@@ -413,9 +463,9 @@ def _fingerprint() -> str:
 
 
 def test_the_fleet_breaker_skips_recoveries_that_failed_elsewhere(url: str) -> None:
-    first = CrashOverride(model=scripted(give_up_step("cannot")), breaker_threshold=1,
+    first = CrashOverride(model=script(give_up("cannot")), breaker_threshold=1,
                           coordination=fleet(url))  # fmt: skip
-    second_model = scripted()
+    second_model = script()
     second = CrashOverride(model=second_model, breaker_threshold=1, coordination=fleet(url))
     seen: list[Any] = []
     for co in (first, second):
@@ -434,8 +484,8 @@ def test_the_fleet_breaker_skips_recoveries_that_failed_elsewhere(url: str) -> N
 
 def test_the_fleet_budget_skips_with_a_clear_note(url: str) -> None:
     cost = {"max_agent_runs_per_minute": 1}
-    first = app(url, scripted(exec_step(PATCH), done_step("patched")), **cost)
-    second_model = scripted()
+    first = app(url, script(exec_python(PATCH), done("patched")), **cost)
+    second_model = script()
     second = app(url, second_model, **cost)
 
     @first.handler()
@@ -461,7 +511,7 @@ def test_the_fleet_budget_skips_with_a_clear_note(url: str) -> None:
 @pytest.mark.anyio
 async def test_an_unreachable_redis_degrades_to_in_process(anyio_backend: str) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens: connections are refused
-    model = scripted(exec_step(PATCH), done_step("patched"))
+    model = script(exec_python(PATCH), done("patched"))
     co = app(url, model)
 
     @co.handler()
@@ -495,8 +545,8 @@ async def test_redis_killed_mid_run_degrades_and_nothing_hangs() -> None:
         "rerun()"
     )
     with private_redis() as (url, server):
-        first_model = scripted(exec_step(slow_patch), done_step("patched"))
-        second_model = scripted(exec_step(PATCH), done_step("patched"))
+        first_model = script(exec_python(slow_patch), done("patched"))
+        second_model = script(exec_python(PATCH), done("patched"))
         first, second = app(url, first_model), app(url, second_model)
         holder: dict[str, Any] = {}
         on_first, on_second = async_jobs(first, second)
@@ -564,7 +614,7 @@ def _publish_by_hand(url: str, source: str) -> str:
 
 @pytest.mark.anyio
 async def test_eager_processes_apply_published_fixes_without_failing(url: str) -> None:
-    eager = app(url, scripted(), apply_fixes="eager")
+    eager = app(url, script(), apply_fixes="eager")
     with capture_logs() as logs:
         await eager.awarm_up()  # listens from now on
         await await_for(lambda: _subscribers(url) == 1)
@@ -588,7 +638,7 @@ async def test_an_eager_process_takes_each_record_once(url: str) -> None:
         asked.append(str(request))
         return False  # refused: a refused record is not offered again either
 
-    eager = CrashOverride(model=scripted(), timeout=20, approve=approve,
+    eager = CrashOverride(model=script(), timeout=20, approve=approve,
                           coordination=fleet(url, apply_fixes="eager"))  # fmt: skip
     with capture_logs() as logs:
         await eager.awarm_up()
@@ -602,6 +652,46 @@ async def test_an_eager_process_takes_each_record_once(url: str) -> None:
     close_fleet(eager)
     assert len(asked) == 1, asked
     assert len(events(logs, "fleet.fix_refused")) == 1
+
+
+@pytest.mark.anyio
+async def test_an_eager_fix_passes_the_approver_and_is_audited_as_an_event(url: str) -> None:
+    def reviewer(request: ApprovalRequest) -> bool:
+        return request.tool == "apply_fix"
+
+    eager = CrashOverride(model=script(), timeout=20, approve=reviewer,
+                          coordination=fleet(url, apply_fixes="eager"))  # fmt: skip
+    with capture_logs() as logs:
+        await eager.awarm_up()
+        await await_for(lambda: _subscribers(url) == 1)
+        source = "def transform(value):\n    return value * 7\n"
+        await anyio.to_thread.run_sync(_publish_by_hand, url, source)
+        with anyio.fail_after(10):
+            await await_for(lambda: events(logs, "fleet.fix_applied"))
+    close_fleet(eager)
+    assert transform(3) == 21
+    (called,) = events(logs, "fleet.tool_called")  # no report: the event is the audit line
+    assert _trail([called]) == [
+        ("apply_fix", "fleet", True, f"approved by {reviewer.__qualname__}")
+    ]
+    assert "return value * 7" in called["code"] and called["fleet_role"] == "eager"
+
+
+@pytest.mark.anyio
+async def test_an_eager_process_in_diagnose_mode_applies_nothing(url: str) -> None:
+    eager = CrashOverride(model=script(), timeout=20, mode="diagnose",
+                          coordination=fleet(url, apply_fixes="eager"))  # fmt: skip
+    with capture_logs() as logs:
+        await eager.awarm_up()
+        await await_for(lambda: _subscribers(url) == 1)
+        source = "def transform(value):\n    return value * 7\n"
+        await anyio.to_thread.run_sync(_publish_by_hand, url, source)
+        with anyio.fail_after(10):
+            await await_for(lambda: events(logs, "fleet.fix_refused"))
+    close_fleet(eager)
+    assert transform.__code__ is ORIGINAL
+    assert "diagnose" in events(logs, "fleet.fix_refused")[0]["reason"]
+    assert events(logs, "fleet.fix_applied") == []
 
 
 def _announce_again(url: str) -> None:
@@ -621,7 +711,7 @@ def _announce_again(url: str) -> None:
 
 def test_an_eager_process_started_later_catches_up(url: str) -> None:
     leader = fixed_elsewhere(url)
-    late = app(url, scripted(), apply_fixes="eager")
+    late = app(url, script(), apply_fixes="eager")
     with capture_logs() as logs:
         late.warm_up()
         anyio.run(_until_applied, logs)
@@ -638,7 +728,7 @@ async def _until_applied(logs: list[dict[str, Any]]) -> None:
 
 
 def test_a_waiter_never_waits_past_its_own_deadline(url: str) -> None:
-    co = CrashOverride(model=scripted(), timeout=0.5, coordination=fleet(url))
+    co = CrashOverride(model=script(), timeout=0.5, coordination=fleet(url))
     keys = co._limits().coordination.keys  # type: ignore[attr-defined]
     client = redis.Redis.from_url(url)
     try:
@@ -660,7 +750,7 @@ def test_a_waiter_never_waits_past_its_own_deadline(url: str) -> None:
 @pytest.mark.anyio
 async def test_the_lease_is_renewed_while_a_long_recovery_runs(url: str) -> None:
     slow = PATCH.replace("anyio.sleep(0.3)", "anyio.sleep(1.2)")  # four leases long
-    first, second = scripted(exec_step(slow), done_step("patched")), scripted()
+    first, second = script(exec_python(slow), done("patched")), script()
     leader, other = app(url, first, lease=0.3), app(url, second, lease=0.3)
     on_leader, on_other = async_jobs(leader, other)
 
@@ -691,7 +781,7 @@ def bump_fence(url: str) -> None:
 
 def test_a_leader_that_lost_its_lease_cannot_publish(url: str) -> None:
     fenced = f"bump_fence({url!r})\n" + PATCH
-    co = app(url, scripted(exec_step(fenced), done_step("patched")))
+    co = app(url, script(exec_python(fenced), done("patched")))
 
     @co.handler()
     def job(i: int) -> int:
@@ -716,8 +806,8 @@ def test_a_leader_that_lost_its_lease_cannot_publish(url: str) -> None:
 @pytest.mark.anyio
 async def test_a_cancelled_leader_hands_the_lease_on_at_once(url: str) -> None:
     hang = "import anyio\nawait anyio.sleep(30)"
-    leader = app(url, scripted(exec_step(hang)), lease=30)  # its lease would last 30 s
-    other_model = scripted(exec_step(PATCH), done_step("patched"))
+    leader = app(url, script(exec_python(hang)), lease=30)  # its lease would last 30 s
+    other_model = script(exec_python(PATCH), done("patched"))
     other = app(url, other_model, lease=30)
     on_leader, on_other = async_jobs(leader, other)
     results: list[int] = []

@@ -20,8 +20,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from crashoverride import CrashOverride, RedisCoordination
+from crashoverride.testing import Script, done, exec_python, script
 from tests.fleet.support import FLEET_KEY, close_fleet, private_redis, silent_redis
-from tests.helpers import done_step, exec_step, scripted, wait_for
+from tests.helpers import wait_for
 
 FIX = "replace_function(transform, 'def transform(value):\\n    return value * 10\\n')\nrerun()"
 
@@ -64,7 +65,7 @@ def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 async def test_a_first_connection_that_is_never_answered_costs_one_op_timeout(
     kind: str, anyio_backend: str
 ) -> None:
-    model = scripted(exec_step(FIX), done_step("fixed"))
+    model = script(exec_python(FIX), done("fixed"))
     with hung_redis(kind) as (url, _):
         # The recovery's deadline (3 s) is shorter than five op_timeouts (1 s each): only a
         # fall-back after one op_timeout leaves it time to recover in-process.
@@ -93,7 +94,7 @@ async def test_a_first_connection_that_is_never_answered_costs_one_op_timeout(
 
 
 def test_the_connection_attempt_goes_on_in_the_background_and_is_closed_with_the_app() -> None:
-    model = scripted(exec_step(FIX), done_step("fixed"), exec_step(FIX), done_step("fixed"))
+    model = Script(exec_python(FIX), done("fixed")).run(exec_python(FIX), done("fixed")).model()
     with silent_redis() as server:
         # Redis is tried again at every failure (retry_after); a connection attempt outlives a
         # recovery (five op_timeouts), so the second recovery meets the first one's attempt.
@@ -116,7 +117,7 @@ def test_the_connection_attempt_goes_on_in_the_background_and_is_closed_with_the
 
 
 def test_a_connection_that_opens_late_serves_the_next_recovery() -> None:
-    model = scripted(exec_step(FIX), done_step("fixed"), exec_step(FIX), done_step("fixed"))
+    model = Script(exec_python(FIX), done("fixed")).run(exec_python(FIX), done("fixed")).model()
     with private_redis() as (url, proc):
         fleet = RedisCoordination(url, namespace=f"late-{os.getpid()}", key=FLEET_KEY,
                                   op_timeout=1.0, retry_after=0.001)  # fmt: skip

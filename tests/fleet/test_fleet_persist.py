@@ -24,8 +24,8 @@ from structlog.testing import capture_logs
 from crashoverride import CrashOverride, RedisCoordination
 from crashoverride._fleet import records
 from crashoverride._repair import journal
+from crashoverride.testing import done, exec_python, give_up, script
 from tests.fleet.support import FLEET_KEY, clean, close_fleet, fleet_redis, new_namespace
-from tests.helpers import done_step, exec_step, give_up_step, scripted
 
 MODULE = '''\
 """Prices (a module of the test's own, in tmp_path)."""
@@ -152,7 +152,7 @@ PERSIST_ONLY = (
 def fixed_by_leader(deployment: Deployment, body: str) -> CrashOverride:
     """A leader recovered once and persisted its fix; then this process's code is put back as
     another process of the deployment has it. Close the returned app at the end."""
-    model = scripted(exec_step(agent_code(deployment, body)), done_step("fixed and persisted"))
+    model = script(exec_python(agent_code(deployment, body)), done("fixed and persisted"))
     leader = deployment.app(model, allow_source_changes=True)
     assert deployment.job(leader)(4) == 12
     deployment.as_deployed()
@@ -181,7 +181,7 @@ def test_a_persisted_fix_is_published_once_and_applied_live_elsewhere(
     assert published["targets"] == [f"{deployment.module.__name__}.price"]
 
     shown: list[Any] = []
-    later_model = scripted()
+    later_model = script()
     reports: list[Any] = []
     later = deployment.app(later_model, approve=lambda request: shown.append(request) or True,
                            on_recovery=reports.append)  # fmt: skip
@@ -222,7 +222,7 @@ def test_a_persisted_file_edit_travels_as_information_and_is_never_written_elsew
     deployment.path.write_text(MODULE)  # another host: its own copy of the deployed file
     files = sorted(deployment.path.parent.iterdir())
     shown: list[Any] = []
-    later_model = scripted()
+    later_model = script()
     later = deployment.app(later_model, approve=lambda request: shown.append(request) or True)
     with capture_logs() as logs:
         assert deployment.job(later)(2) == 6
@@ -244,8 +244,8 @@ def test_a_record_of_file_edits_only_is_refused_with_the_reason(deployment: Depl
     )
     leader = fixed_by_leader(deployment, edit)
     assert deployment.envelope()["record"]["targets"] == []
-    later_model = scripted(exec_step(agent_code(deployment, "replace_function(m.price, SRC)\n"
-                                                            "rerun()")), done_step())  # fmt: skip
+    later_model = script(exec_python(agent_code(deployment, "replace_function(m.price, SRC)\n"
+                                                            "rerun()")), done())  # fmt: skip
     later = deployment.app(later_model)
     with capture_logs() as logs:
         assert deployment.job(later)(3) == 9  # by its own agent run
@@ -268,7 +268,7 @@ def test_a_tampered_or_foreign_persisted_fix_is_refused(
         target["code_hash"] = "0" * 32
         envelope = json.loads(records.sign(envelope["record"], FLEET_KEY.encode()))
     deployment.store(envelope)
-    later_model = scripted(give_up_step("not this one"))
+    later_model = script(give_up("not this one"))
     later = deployment.app(later_model)
     with capture_logs() as logs, pytest.raises(NotImplementedError):
         deployment.job(later)(1)

@@ -12,19 +12,19 @@ from typing import Any
 
 import anyio
 import pytest
-from agents.testing import function_call
 from structlog.testing import capture_logs
 
-from crashoverride import ConfigurationError, CrashOverride
+from crashoverride import ApprovalRequest, ConfigurationError, CrashOverride
 from crashoverride.followups import (
     FollowupJob,
     SubprocessRunner,
     TaskGroupRunner,
     ThreadRunner,
     render_report,
+    run_payload,
     using,
 )
-from tests.helpers import done_step, exec_step, give_up_step, scripted
+from crashoverride.testing import Script, done, exec_python, give_up, script, spawn_followup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,20 +38,16 @@ def _inputs(model: Any) -> str:
 
 
 def test_agent_and_handler_followups_run_in_a_supervised_thread() -> None:
-    model = scripted(
-        [
-            function_call(
-                "spawn_followup", {"objective": "write a patch", "context": "saw X"}, call_id="s1"
-            )
-        ],
-        exec_step("spawn_followup('open a ticket')\nset_result(7)"),
-        done_step("returned 7 after a key rename"),
-        exec_step("print(objective)"),
-        done_step("first follow-up done"),
-        exec_step("print(objective)"),
-        done_step("second follow-up done"),
-        exec_step("print(objective)"),
-        done_step("third follow-up done"),
+    model = (
+        Script(
+            spawn_followup("write a patch", "saw X"),
+            exec_python("spawn_followup('open a ticket')\nset_result(7)"),
+            done("returned 7 after a key rename"),
+        )
+        .run(exec_python("print(objective)"), done("first follow-up done"))
+        .run(exec_python("print(objective)"), done("second follow-up done"))
+        .run(exec_python("print(objective)"), done("third follow-up done"))
+        .model()
     )
     runner = ThreadRunner(grace=10)
     # One job at a time: the scripted model is shared, so runs must not interleave.
@@ -95,7 +91,7 @@ def test_failed_followup_and_refused_submission_do_not_disturb_the_recovery() ->
         def submit(self, fn: Any, *, name: str) -> str:
             raise RuntimeError("queue full")
 
-    model = scripted(exec_step("caller['value'] = 1"), done_step())
+    model = script(exec_python("caller['value'] = 1"), done())
     co = CrashOverride(model=model, followup_runner=Refusing(), followups=["open a ticket"])
     with capture_logs() as logs:
         with co.handler():
@@ -104,7 +100,7 @@ def test_failed_followup_and_refused_submission_do_not_disturb_the_recovery() ->
     failed = [e for e in logs if e["event"] == "followup.failed"]
     assert len(failed) == 1 and "queue full" in failed[0]["reason"]
 
-    model = scripted(exec_step("caller['value'] = 2"), done_step(), give_up_step("no tracker"))
+    model = Script(exec_python("caller['value'] = 2"), done()).run(give_up("no tracker")).model()
     runner = ThreadRunner()
     co = CrashOverride(model=model, followup_runner=runner, followups=["open a ticket"])
     with capture_logs() as logs:
@@ -117,7 +113,7 @@ def test_failed_followup_and_refused_submission_do_not_disturb_the_recovery() ->
 
 
 def test_no_declared_followup_without_an_agent_run() -> None:
-    model = scripted(give_up_step("no"))
+    model = script(give_up("no"))
     runner = ThreadRunner()
     co = CrashOverride(model=model, followup_runner=runner, followups=["ticket"],
                        breaker_threshold=1)  # fmt: skip
@@ -134,11 +130,13 @@ def test_no_declared_followup_without_an_agent_run() -> None:
 
 @pytest.mark.anyio
 async def test_task_group_runner_awaits_followups_on_exit(anyio_backend: str) -> None:
-    model = scripted(
-        exec_step("caller['page'] = 'ok'"),
-        done_step(),
-        exec_step("await __import__('anyio').sleep(0.2)\nprint('patched')"),
-        done_step("patch written"),
+    model = (
+        Script(exec_python("caller['page'] = 'ok'"), done())
+        .run(
+            exec_python("await __import__('anyio').sleep(0.2)\nprint('patched')"),
+            done("patch written"),
+        )
+        .model()
     )
     co = CrashOverride(model=model, followups=["write the permanent fix"])
     with capture_logs() as logs:
@@ -159,10 +157,10 @@ async def test_task_group_runner_awaits_followups_on_exit(anyio_backend: str) ->
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_task_group_runner_cuts_off_after_grace(anyio_backend: str) -> None:
-    model = scripted(
-        exec_step("caller['page'] = 'ok'"),
-        done_step(),
-        exec_step("await __import__('anyio').sleep(60)"),
+    model = (
+        Script(exec_python("caller['page'] = 'ok'"), done())
+        .run(exec_python("await __import__('anyio').sleep(60)"))
+        .model()
     )
     co = CrashOverride(model=model, followups=["investigate deeper"])
     began = time.monotonic()
@@ -181,7 +179,7 @@ async def test_task_group_runner_cuts_off_after_grace(anyio_backend: str) -> Non
 
 @pytest.mark.anyio
 async def test_using_makes_a_runner_current(anyio_backend: str) -> None:
-    model = scripted(exec_step("caller['x'] = 1"), done_step(), done_step("noted"))
+    model = Script(exec_python("caller['x'] = 1"), done()).run(done("noted")).model()
     co = CrashOverride(model=model, followups=["note it"])
     submitted: list[str] = []
 
@@ -198,19 +196,16 @@ async def test_using_makes_a_runner_current(anyio_backend: str) -> None:
 
 SCRIPT = """
 import sys
-from agents.testing import ScriptedModel, assistant_message, function_call
 from crashoverride import CrashOverride
 from crashoverride.followups import ThreadRunner
+from crashoverride.testing import Script, done, exec_python
 
 mode, grace = sys.argv[1], float(sys.argv[2])
 # The job outlives the main code either way: only the exit hook decides how it ends.
 work = f"import time; time.sleep({60 if mode == 'cutoff' else 1})"
-model = ScriptedModel([
-    [function_call("exec_python", {"statements": "caller['x'] = 1"}, call_id="a")],
-    [assistant_message("set x")],
-    [function_call("exec_python", {"statements": work}, call_id="b")],
-    [assistant_message("ticket done")],
-])
+model = Script(exec_python("caller['x'] = 1"), done("set x")).run(
+    exec_python(work), done("ticket done")  # the follow-up's own run
+).model()
 co = CrashOverride(model=model, followup_runner=ThreadRunner(grace=grace))
 with co.handler("Leave x set.", followup="write the ticket"):
     x = 1 / 0
@@ -219,6 +214,7 @@ sys.stdout.flush()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "grace"), [("finish", 20.0), ("cutoff", 0.5)])
 def test_sync_script_followup_finishes_or_is_reported_cut_off(
     tmp_path: Path, mode: str, grace: float
@@ -242,17 +238,15 @@ def test_sync_script_followup_finishes_or_is_reported_cut_off(
 
 
 FOLLOWUP_APP = """
-from agents.testing import ScriptedModel, assistant_message, function_call
 from crashoverride import CrashOverride
+from crashoverride.testing import done, exec_python, script
 
 statements = "open(MARKER, 'w').write(objective + '|' + report.exc_type)"
-co = CrashOverride(model=ScriptedModel([
-    [function_call("exec_python", {"statements": statements}, call_id="a")],
-    [assistant_message("marker written")],
-]))
+co = CrashOverride(model=script(exec_python(statements), done("marker written")))
 """
 
 
+@pytest.mark.slow
 def test_subprocess_runner_runs_the_job_in_a_detached_process(tmp_path: Path) -> None:
     marker = tmp_path / "marker.txt"
     (tmp_path / "fu_app.py").write_text(FOLLOWUP_APP.replace("MARKER", repr(str(marker))))
@@ -260,7 +254,7 @@ def test_subprocess_runner_runs_the_job_in_a_detached_process(tmp_path: Path) ->
            "NO_COLOR": "1"}  # fmt: skip
     log = tmp_path / "followup.log"
     runner = SubprocessRunner("fu_app:co", log_path=log, env=env)
-    model = scripted(exec_step("caller['v'] = 3"), done_step("v set"))
+    model = script(exec_python("caller['v'] = 3"), done("v set"))
     co = CrashOverride(model=model, followup_runner=runner, followups=["file the ticket"])
     with co.handler():
         v = int("three")
@@ -273,7 +267,7 @@ def test_subprocess_runner_runs_the_job_in_a_detached_process(tmp_path: Path) ->
 
 
 def test_job_payload_round_trip_and_report_text() -> None:
-    model = scripted(exec_step("caller['n'] = 5"), done_step("parsed by hand"))
+    model = script(exec_python("caller['n'] = 5"), done("parsed by hand"))
     seen: list[FollowupJob] = []
 
     class Keep:
@@ -302,3 +296,80 @@ def test_settings_are_validated_eagerly() -> None:
         CrashOverride().handler(followup=3)  # type: ignore[arg-type]
     handler = CrashOverride(followups=["a"]).handler(followup="b", followups=["a", "c"])
     assert set(handler.settings.followups) == {"a", "b", "c"}
+
+
+# -- the gate, in every runner: the recovery's mode, its approver, the audit trail --------------
+
+MARKS: list[str] = []  # follow-up agent code of the tests below appends here
+
+
+def _mark(text: str) -> str:
+    """A snippet that leaves ``text`` in ``MARKS`` (a follow-up's globals are its own)."""
+    return f"__import__({__name__!r}, fromlist=['MARKS']).MARKS.append({text!r})"
+
+
+@pytest.mark.anyio
+async def test_in_process_runners_use_the_handlers_approver(anyio_backend: str) -> None:
+    asked: list[tuple[str, str]] = []
+
+    def reviewer(call: ApprovalRequest) -> bool:
+        asked.append((call.tool, str(call)))
+        return "MARKS" not in call  # the follow-up's snippet is denied
+
+    model = script(
+        exec_python("caller['x'] = 1"), done(), exec_python(_mark(anyio_backend)), done("noted")
+    )
+    co = CrashOverride(model=model)  # the application has no approver: the handler's applies
+    with capture_logs() as logs:
+        async with TaskGroupRunner(grace=20):
+            async with co.handler(approve=reviewer, followups=["note it"]):
+                x = 1 // 0
+    assert x == 1
+    assert anyio_backend not in MARKS  # denied, so never run
+    assert [tool for tool, _ in asked] == ["exec_python", "exec_python"]
+    (called,) = [e for e in logs if e["event"] == "followup.tool_called"]
+    assert (called["tool"], called["ok"]) == ("exec_python", False)
+    assert called["approved_by"].startswith("denied by")
+
+
+def test_a_diagnose_handlers_followups_are_read_only_too() -> None:
+    jobs: list[FollowupJob] = []
+
+    class Keep:
+        def submit_job(self, job: FollowupJob) -> str:
+            jobs.append(job)
+            return job.id
+
+    model = script(done("the diagnosis"), exec_python(_mark("diagnose")), done())
+    co = CrashOverride(model=model, mode="diagnose", followups=["fix it"], followup_runner=Keep())
+    with pytest.raises(ZeroDivisionError), co.handler():
+        1 // 0  # noqa: B018
+    (job,) = jobs
+    result = run_payload(job.to_payload(), CrashOverride(model=model), runner="test")
+    assert "diagnose" not in MARKS  # no code of the follow-up ran
+    assert not result.succeeded
+    assert {tool.name for tool in model.calls[1].tools} == {"inspect_python", "give_up"}
+
+
+def test_a_job_from_a_handler_with_an_approver_never_runs_unapproved_elsewhere() -> None:
+    # The handler's approver cannot travel with the job; a process without one refuses it.
+    jobs: list[FollowupJob] = []
+
+    class Keep:
+        def submit_job(self, job: FollowupJob) -> str:
+            jobs.append(job)
+            return job.id
+
+    model = script(exec_python("caller['x'] = 1"), done(), exec_python(_mark("far")))
+    co = CrashOverride(model=model, followups=["note it"], followup_runner=Keep())
+    x = 0
+    with co.handler(approve=lambda call: True):
+        x = 1 // 0
+    assert x == 1
+    (job,) = jobs
+    elsewhere = CrashOverride(model=model)  # the worker's application: no approver
+    with capture_logs() as logs:
+        result = run_payload(job.to_payload(), elsewhere, runner="test")
+    assert "far" not in MARKS and len(model.calls) == 2  # no agent ran there
+    assert not result.succeeded and "approve=" in result.summary
+    assert [e["event"] for e in logs if e["event"].startswith("followup.")] == ["followup.failed"]

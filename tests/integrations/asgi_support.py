@@ -1,4 +1,4 @@
-"""A real uvicorn server on 127.0.0.1 in a thread, and the scripted-agent step builders."""
+"""A real uvicorn server on 127.0.0.1 in a thread, and what the agent was first given."""
 
 from __future__ import annotations
 
@@ -11,12 +11,6 @@ from typing import Any
 
 import uvicorn
 from agents.testing import ScriptedModel
-
-from tests.helpers import done_step, exec_step, give_up_step, scripted, tool_outputs
-
-# The step builders are the suite's shared ones (re-exported for the ASGI tests).
-__all__ = ["done_step", "exec_step", "first_input", "give_up_step", "scripted", "serve",
-           "tool_outputs"]  # fmt: skip
 
 
 def first_input(model: ScriptedModel) -> str:

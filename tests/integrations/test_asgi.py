@@ -15,17 +15,9 @@ import pytest
 from websockets.sync.client import connect as ws_connect
 
 from crashoverride import CrashOverride
+from crashoverride.testing import done, exec_python, give_up, script, tool_outputs
 from tests.integrations import asgi_apps
-from tests.integrations.asgi_support import (
-    done_step,
-    exec_step,
-    first_input,
-    give_up_step,
-    named,
-    scripted,
-    serve,
-    tool_outputs,
-)
+from tests.integrations.asgi_support import first_input, named, serve
 
 FIX = """
 def read_price(item):
@@ -61,10 +53,10 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> asgi_apps.Probe:
 def test_recovered_via_replay(
     flavour: str, path: str, endpoint: str, logs: list[dict[str, Any]]
 ) -> None:
-    model = scripted(
-        exec_step("endpoint.__name__"),
-        exec_step(FIX),
-        done_step("read_price reads 'cost' now; replayed"),
+    model = script(
+        exec_python("endpoint.__name__"),
+        exec_python(FIX),
+        done("read_price reads 'cost' now; replayed"),
     )
     app = APPS[flavour](crash_override=CrashOverride(model=model), prompt="Real prices only.")
     with serve(app) as server:
@@ -89,13 +81,13 @@ def test_recovered_via_replay(
 
 @pytest.mark.parametrize("flavour", APPS)
 def test_recovered_via_respond(flavour: str, logs: list[dict[str, Any]]) -> None:
-    model = scripted(
-        exec_step(
+    model = script(
+        exec_python(
             "item = request.json()['item']\n"
             "respond(200, {'ordered': item, 'total': PRICES[item]['cost'] * 2},"
             " headers={'x-recovered': 'yes'})"
         ),
-        done_step("answered from PRICES"),
+        done("answered from PRICES"),
     )
     app = APPS[flavour](crash_override=CrashOverride(model=model))
     with serve(app) as server:
@@ -114,9 +106,9 @@ def test_recovered_via_respond(flavour: str, logs: list[dict[str, Any]]) -> None
 def test_gave_up_gives_the_normal_500_and_the_server_logs_it(
     flavour: str, logs: list[dict[str, Any]], caplog: pytest.LogCaptureFixture
 ) -> None:
-    model = scripted(give_up_step("the price source has no usable field"))
+    model = script(give_up("the price source has no usable field"))
     app = APPS[flavour](crash_override=CrashOverride(model=model))
-    plain = APPS[flavour](crash_override=CrashOverride(model=scripted()), exclude=["/*"])
+    plain = APPS[flavour](crash_override=CrashOverride(model=script()), exclude=["/*"])
     with caplog.at_level(logging.ERROR):
         with serve(app) as server:
             response = httpx.get(server.url + "/price/apple", timeout=30)
@@ -139,7 +131,7 @@ def test_gave_up_gives_the_normal_500_and_the_server_logs_it(
 def test_failure_after_the_response_started_never_sends_twice(
     flavour: str, logs: list[dict[str, Any]]
 ) -> None:
-    model = scripted()
+    model = script()
     starts: list[int] = []
     inner = APPS[flavour](crash_override=CrashOverride(model=model))
 
@@ -167,7 +159,7 @@ def test_failure_after_the_response_started_never_sends_twice(
 def test_streaming_background_websocket_and_lifespan_pass_through(
     flavour: str, probe: asgi_apps.Probe
 ) -> None:
-    model = scripted()
+    model = script()
     app = APPS[flavour](crash_override=CrashOverride(model=model))
     with serve(app) as server:
         assert probe.events == ["startup"]
@@ -195,7 +187,7 @@ def _chunks(total: int, size: int = 256 * 1024) -> Iterator[bytes]:
 
 def test_large_upload_streams_through_unbuffered() -> None:
     total = 20 * 1024 * 1024
-    app = asgi_apps.starlette_app(crash_override=CrashOverride(model=scripted()))
+    app = asgi_apps.starlette_app(crash_override=CrashOverride(model=script()))
     expected = hashlib.sha256(b"".join(_chunks(total))).hexdigest()
     with serve(app) as server:
         response = httpx.post(server.url + "/upload", content=_chunks(total), timeout=60)
@@ -209,11 +201,11 @@ def test_large_upload_streams_through_unbuffered() -> None:
 
 def test_large_failed_upload_is_not_replayable_and_the_agent_is_told() -> None:
     total = 20 * 1024 * 1024
-    model = scripted(
-        exec_step("request.replayable, request.body"),
-        exec_step("await replay_request()"),
-        exec_step("respond(503, 'Price service unavailable, retry later', {'retry-after': '5'})"),
-        done_step("answered 503: the upload cannot be replayed"),
+    model = script(
+        exec_python("request.replayable, request.body"),
+        exec_python("await replay_request()"),
+        exec_python("respond(503, 'Price service unavailable, retry later', {'retry-after': '5'})"),
+        done("answered 503: the upload cannot be replayed"),
     )
     app = asgi_apps.starlette_app(
         crash_override=CrashOverride(model=model), max_replay_body=1024 * 1024
@@ -233,10 +225,10 @@ def test_burst_of_identical_failures_costs_one_agent_run(
 ) -> None:
     burst = 200
     probe.burst_size = burst
-    model = scripted(
+    model = script(
         # Repair only once every request of the burst has failed: they all wait on this run.
-        exec_step("await PROBE.wait_for_burst()\n" + FIX),
-        done_step("repaired once for the whole burst"),
+        exec_python("await PROBE.wait_for_burst()\n" + FIX),
+        done("repaired once for the whole burst"),
     )
     app = asgi_apps.starlette_app(crash_override=CrashOverride(model=model))
 
@@ -261,7 +253,7 @@ def test_burst_of_identical_failures_costs_one_agent_run(
 def test_client_disconnect_cancels_the_recovery(
     probe: asgi_apps.Probe, logs: list[dict[str, Any]]
 ) -> None:
-    model = scripted(exec_step("await PROBE.hang()"))
+    model = script(exec_python("await PROBE.hang()"))
     app = asgi_apps.starlette_app(crash_override=CrashOverride(model=model))
     with serve(app) as server:
         # A declared body: the middleware reads it, then listens for the client leaving.

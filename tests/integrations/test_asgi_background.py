@@ -17,18 +17,10 @@ from starlette.background import BackgroundTask, BackgroundTasks
 from crashoverride import ConfigurationError, CrashOverride, RecoveryReport
 from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from crashoverride.integrations.asgi._after import BackgroundRecovery, locate, task_names
+from crashoverride.testing import Script, done, exec_python, give_up, script, tool_outputs
 from tests.helpers import wait_for
 from tests.integrations import background_apps
-from tests.integrations.asgi_support import (
-    done_step,
-    exec_step,
-    first_input,
-    give_up_step,
-    named,
-    scripted,
-    serve,
-    tool_outputs,
-)
+from tests.integrations.asgi_support import first_input, named, serve
 
 REPAIR = """
 def mail_host():
@@ -75,10 +67,10 @@ def test_failed_background_task_is_rerun_and_the_rest_run_in_order(
     logs: list[dict[str, Any]],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    model = scripted(
-        exec_step("function.__qualname__, args, kwargs"),
-        exec_step(RERUN),
-        done_step("mail_host reads 'mail_host' now; re-ran the welcome mail"),
+    model = script(
+        exec_python("function.__qualname__, args, kwargs"),
+        exec_python(RERUN),
+        done("mail_host reads 'mail_host' now; re-ran the welcome mail"),
     )
     app = background_apps.fastapi_app(crash_override=CrashOverride(model=model))
     with caplog.at_level(logging.ERROR), serve(app) as server:
@@ -95,7 +87,8 @@ def test_failed_background_task_is_rerun_and_the_rest_run_in_order(
     assert model.remaining_steps == 0
     name = "asend_welcome" if path == "/asignup" else "send_welcome"
     assert tool_outputs(model)[0] == f"('{name}', ('{EMAIL}',), {{'subject': 'Welcome!'}})"
-    assert f"background task `{name}`" in first_input(model)
+    # The task's name and the ones queued after it are values: fenced, under their labels.
+    assert f'source="task">\n{name}\n' in first_input(model)
     assert "count_signup" in first_input(model)  # the agent is told what waits behind it
     assert recovery_events(logs)[0] == "recovery.started"
     assert recovery_events(logs)[-1] == "recovery.succeeded"
@@ -126,12 +119,12 @@ def test_give_up_behaves_as_starlette_alone_and_names_the_dropped_tasks(
             wait_for(lambda: server_errors(caplog))
         return fresh.ran, server_errors(caplog)
 
-    model = scripted(give_up_step("no mail host is configured under any name I can verify"))
+    model = script(give_up("no mail host is configured under any name I can verify"))
     protected_ran, [protected] = run(
         background_apps.fastapi_app(crash_override=CrashOverride(model=model))
     )
     alone_ran, [alone] = run(
-        background_apps.fastapi_app(crash_override=CrashOverride(model=scripted()), exclude="/*")
+        background_apps.fastapi_app(crash_override=CrashOverride(model=script()), exclude="/*")
     )
     assert protected_ran == alone_ran == [f"audit {EMAIL}"]  # the rest do not run
     assert type(protected) is type(alone) is KeyError
@@ -150,7 +143,7 @@ def test_starlette_background_task_is_recovered(
     sync: bool, probe: background_apps.Probe, logs: list[dict[str, Any]]
 ) -> None:
     reports: list[RecoveryReport] = []
-    model = scripted(exec_step(RERUN), done_step("re-ran it"))
+    model = script(exec_python(RERUN), done("re-ran it"))
     co = CrashOverride(model=model, on_recovery=reports.append)
     app = background_apps.starlette_app(crash_override=co)
     with serve(app) as server:
@@ -169,7 +162,7 @@ def test_starlette_background_task_is_recovered(
 def test_starlette_background_tasks_run_on_after_the_recovery(
     probe: background_apps.Probe, logs: list[dict[str, Any]]
 ) -> None:
-    model = scripted(exec_step(RERUN), done_step("re-ran it"))
+    model = script(exec_python(RERUN), done("re-ran it"))
     app = background_apps.starlette_app(crash_override=CrashOverride(model=model))
     with serve(app) as server:
         response = httpx.post(server.url + "/welcome-many", params={"email": EMAIL}, timeout=30)
@@ -187,11 +180,10 @@ def test_starlette_background_tasks_run_on_after_the_recovery(
 def test_a_later_task_that_fails_too_is_recovered_in_its_turn(
     probe: background_apps.Probe, logs: list[dict[str, Any]]
 ) -> None:
-    model = scripted(
-        exec_step(RERUN),
-        done_step("mail host repaired"),
-        exec_step(QUOTA_RERUN),
-        done_step("quota repaired"),
+    model = (
+        Script(exec_python(RERUN), done("mail host repaired"))
+        .run(exec_python(QUOTA_RERUN), done("quota repaired"))
+        .model()
     )
     app = background_apps.starlette_app(crash_override=CrashOverride(model=model))
     with serve(app) as server:
@@ -221,7 +213,7 @@ def test_a_decorated_background_function_is_recovered_once(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    model = scripted(give_up_step("no mail host I can verify"))
+    model = script(give_up("no mail host I can verify"))
     co = CrashOverride(model=model)
     guarded = co.handler("Send the welcome mail once.")(background_apps.send_welcome)
     monkeypatch.setattr(background_apps, "send_welcome", guarded)
@@ -240,7 +232,7 @@ def test_a_decorated_background_function_is_recovered_once(
 def test_raise_instead_replaces_the_background_failure(
     probe: background_apps.Probe, caplog: pytest.LogCaptureFixture
 ) -> None:
-    model = scripted(exec_step("raise_instead(RuntimeError('the mail relay is down'))"))
+    model = script(exec_python("raise_instead(RuntimeError('the mail relay is down'))"))
     app = background_apps.fastapi_app(crash_override=CrashOverride(model=model))
     with caplog.at_level(logging.ERROR), serve(app) as server:
         httpx.post(server.url + "/asignup", params={"email": EMAIL}, timeout=30)
@@ -292,9 +284,9 @@ def test_stream_failure_repaired_for_later_requests_when_opted_in(
     logs: list[dict[str, Any]], caplog: pytest.LogCaptureFixture
 ) -> None:
     reports: list[RecoveryReport] = []
-    model = scripted(
-        exec_step(REPAIR + "r = await replay_request()\nr.status, r.text"),
-        done_step("mail_host repaired; a replay streams the whole digest"),
+    model = script(
+        exec_python(REPAIR + "r = await replay_request()\nr.status, r.text"),
+        done("mail_host repaired; a replay streams the whole digest"),
     )
     co = CrashOverride(model=model, on_recovery=reports.append)
     app = background_apps.starlette_app(crash_override=co, repair_after_start=True)
@@ -319,9 +311,9 @@ def test_stream_failure_repaired_for_later_requests_when_opted_in(
 
 
 def test_concurrent_stream_failures_share_one_repair(logs: list[dict[str, Any]]) -> None:
-    model = scripted(
-        exec_step(f"await PROBE.wait_for_failures(2)\n{REPAIR}(await replay_request()).status"),
-        done_step("repaired once for both"),
+    model = script(
+        exec_python(f"await PROBE.wait_for_failures(2)\n{REPAIR}(await replay_request()).status"),
+        done("repaired once for both"),
     )
     app = background_apps.starlette_app(
         crash_override=CrashOverride(model=model), repair_after_start=True
@@ -346,7 +338,7 @@ def test_concurrent_stream_failures_share_one_repair(logs: list[dict[str, Any]])
 
 
 def test_stream_failure_by_default_is_only_logged(logs: list[dict[str, Any]]) -> None:
-    model = scripted()
+    model = script()
     app = background_apps.starlette_app(crash_override=CrashOverride(model=model))
     with serve(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         for _ in range(2):
@@ -363,7 +355,7 @@ def test_repair_after_start_must_be_a_bool(value: Any) -> None:
     with pytest.raises(ConfigurationError, match="repair_after_start"):
         CrashOverrideMiddleware(
             background_apps.starlette_app,
-            crash_override=CrashOverride(model=scripted()),
+            crash_override=CrashOverride(model=script()),
             repair_after_start=value,
         )
 
@@ -375,7 +367,7 @@ async def test_a_queued_partial_is_described_as_the_call_it_makes(anyio_backend:
         await task()
     queued = locate(info.value)
     assert queued is not None
-    recovery = BackgroundRecovery(CrashOverride(model=scripted()).handler(), {"path": "/"})
+    recovery = BackgroundRecovery(CrashOverride(model=script()).handler(), {"path": "/"})
     block = recovery._block(queued, info.value)
     assert block.bindings["function"] is background_apps.send_welcome
     assert (block.bindings["args"], block.bindings["kwargs"]) == ((EMAIL,), {"subject": "Hi"})

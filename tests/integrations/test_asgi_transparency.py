@@ -23,15 +23,16 @@ from starlette.testclient import TestClient
 
 from crashoverride import CrashOverride
 from crashoverride.integrations.asgi import CrashOverrideMiddleware
+from crashoverride.testing import exec_python, give_up, script
 from tests.integrations import asgi_apps
-from tests.integrations.asgi_support import exec_step, give_up_step, scripted, serve
+from tests.integrations.asgi_support import serve
 from tests.integrations.asgi_transparency_support import PassThrough, call, ctxvar
 
 # -- the recovery budget ------------------------------------------------------------------------
 
 
 def test_the_application_timeout_is_the_default_budget() -> None:
-    model = scripted(exec_step("await anyio.sleep(30)"))  # a stuck agent
+    model = script(exec_python("await anyio.sleep(30)"))  # a stuck agent
     co = CrashOverride(model=model, timeout=0.5)
     assert CrashOverrideMiddleware(PassThrough, crash_override=co).settings.timeout == 0.5
     app = asgi_apps.starlette_app(crash_override=co)
@@ -45,7 +46,7 @@ def test_the_application_timeout_is_the_default_budget() -> None:
 
 
 def test_an_explicit_timeout_overrides_the_application_one() -> None:
-    model = scripted(exec_step("await anyio.sleep(30)"))
+    model = script(exec_python("await anyio.sleep(30)"))
     co = CrashOverride(model=model, timeout=60)
     assert (
         CrashOverrideMiddleware(PassThrough, crash_override=co, timeout=0.5).settings.timeout == 0.5
@@ -124,7 +125,7 @@ def _outcome(outer: Any, inner: type, backend: str) -> tuple[Any, ...]:
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 @pytest.mark.parametrize("inner", [ContextSetter, ContextSetterBaseHTTP])
 def test_context_and_exceptions_are_those_of_a_pass_through(backend: str, inner: type) -> None:
-    model = scripted(give_up_step("not in a transparency test"))
+    model = script(give_up("not in a transparency test"))
     ours = Middleware(CrashOverrideMiddleware, crash_override=CrashOverride(model=model))
     expected = _outcome(Middleware(PassThrough), inner, backend)
     assert _outcome(ours, inner, backend) == expected
@@ -144,7 +145,7 @@ async def test_the_app_runs_in_the_callers_task_and_context(anyio_backend: str) 
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    middleware = CrashOverrideMiddleware(app, crash_override=CrashOverride(model=scripted()))
+    middleware = CrashOverrideMiddleware(app, crash_override=CrashOverride(model=script()))
     ctxvar.set("set by caller")
     assert (await call(middleware)).status == 204
     assert seen == {"task": anyio.get_current_task().id, "inherited": "set by caller"}
@@ -218,7 +219,7 @@ def cancellations() -> Iterator[None]:
 @pytest.mark.anyio
 @pytest.mark.usefixtures("cancellations")
 async def test_a_failure_during_cancellation_is_re_raised_at_once(anyio_backend: str) -> None:
-    model = scripted()  # any model turn would fail the test
+    model = script()  # any model turn would fail the test
     transport = httpx.ASGITransport(app=_cancelled_fastapi_app(model))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         with pytest.raises(RollbackFailed):
@@ -230,7 +231,7 @@ async def test_a_failure_during_cancellation_is_re_raised_at_once(anyio_backend:
 
 @pytest.mark.usefixtures("cancellations")
 def test_a_failure_during_cancellation_reaches_the_server(caplog: pytest.LogCaptureFixture) -> None:
-    model = scripted()
+    model = script()
     with caplog.at_level(logging.ERROR), serve(_cancelled_fastapi_app(model)) as server:
         response = httpx.get(server.url + "/work", timeout=15)
     assert response.status_code == 500
@@ -242,7 +243,7 @@ def test_a_failure_during_cancellation_reaches_the_server(caplog: pytest.LogCapt
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_native_asyncio_cancellation_is_not_recovered_either(anyio_backend: str) -> None:
-    model = scripted()
+    model = script()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         try:

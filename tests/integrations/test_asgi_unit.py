@@ -19,7 +19,7 @@ from crashoverride import ConfigurationError, CrashOverride
 from crashoverride.integrations.asgi import CrashOverrideMiddleware, TaskGroupRunner
 from crashoverride.integrations.asgi._block import build_response, settle_body
 from crashoverride.integrations.asgi._exchange import Exchange
-from tests.integrations.asgi_support import done_step, exec_step, scripted, tool_outputs
+from crashoverride.testing import Script, done, exec_python, script, tool_outputs
 
 pytestmark = pytest.mark.anyio
 
@@ -120,12 +120,12 @@ async def lifespan(app: Any) -> AsyncIterator[None]:
 
 
 async def test_replay_gets_the_whole_body_the_app_never_read(anyio_backend: str) -> None:
-    model = scripted(
-        exec_step(
+    model = script(
+        exec_python(
             "assert request.header('authorization') == '[REDACTED]', request.headers\n"
             "global FLAKY\nFLAKY = False\nr = await replay_request()\nr.status, r.body"
         ),
-        done_step("replayed"),
+        done("replayed"),
     )
     app = CrashOverrideMiddleware(raw_app, crash_override=CrashOverride(model=model))
     status, headers, body = await call(
@@ -137,7 +137,7 @@ async def test_replay_gets_the_whole_body_the_app_never_read(anyio_backend: str)
 
 
 async def test_a_client_disconnect_ends_the_recovery(anyio_backend: str) -> None:
-    model = scripted(exec_step("await anyio.sleep(1.5)\nrespond(200, 'too late')"), done_step())
+    model = script(exec_python("await anyio.sleep(1.5)\nrespond(200, 'too late')"), done())
     app = CrashOverrideMiddleware(raw_app, crash_override=CrashOverride(model=model))
     began = time.monotonic()
     # The body is declared, so the middleware reads it and then listens for the disconnect (a
@@ -163,12 +163,12 @@ async def test_a_replay_routes_from_the_scope_the_server_sent(
     from tests.integrations import asgi_apps
 
     monkeypatch.setattr(asgi_apps, "read_price", asgi_apps.read_price)
-    model = scripted(
-        exec_step(
+    model = script(
+        exec_python(
             "def read_price(item):\n    return PRICES[item]['cost']\n"
             "globals()['read_price'] = read_price\nr = await replay_request()\nr.status"
         ),
-        done_step("patched and replayed"),
+        done("patched and replayed"),
     )
     # Routing through a Mount rewrites root_path in the scope: replaying that mutated scope
     # would route to /api/api/... and 404.
@@ -182,8 +182,8 @@ async def test_a_replay_routes_from_the_scope_the_server_sent(
 
 
 async def test_background_work_runs_in_the_lifespan_group(anyio_backend: str) -> None:
-    model = scripted(
-        exec_step(
+    model = script(
+        exec_python(
             "from crashoverride import followups\n"
             "assert followups.current_runner() is background\n"
             "async def warm_again():\n"
@@ -193,7 +193,7 @@ async def test_background_work_runs_in_the_lifespan_group(anyio_backend: str) ->
             "respond(202, 'accepted')\n"
             "job"
         ),
-        done_step("answered; follow-up queued"),
+        done("answered; follow-up queued"),
     )
     app = CrashOverrideMiddleware(raw_app, crash_override=CrashOverride(model=model))
     with capture_logs() as logs:
@@ -211,11 +211,16 @@ async def test_background_work_runs_in_the_lifespan_group(anyio_backend: str) ->
 async def test_follow_ups_of_a_request_recovery_run_in_the_lifespan_group(
     anyio_backend: str,
 ) -> None:
-    model = scripted(
-        exec_step("spawn_followup('write the permanent fix as a patch file')"),
-        exec_step("respond(503, 'try again shortly')"),
-        done_step("answered 503; follow-up queued"),
-        done_step("follow-up: nothing to do in a test"),  # the follow-up's own agent run
+    model = (
+        Script(
+            exec_python("spawn_followup('write the permanent fix as a patch file')"),
+            exec_python("respond(503, 'try again shortly')"),
+            done("answered 503; follow-up queued"),
+        )
+        .run(
+            done("follow-up: nothing to do in a test")  # the follow-up's own agent run
+        )
+        .model()
     )
     app = CrashOverrideMiddleware(raw_app, crash_override=CrashOverride(model=model))
     with capture_logs() as logs:
@@ -234,7 +239,7 @@ async def test_shutdown_cancels_background_work_after_the_grace_period(
     anyio_backend: str,
 ) -> None:
     app = CrashOverrideMiddleware(
-        raw_app, crash_override=CrashOverride(model=scripted()), shutdown_grace=0.2
+        raw_app, crash_override=CrashOverride(model=script()), shutdown_grace=0.2
     )
 
     async def forever() -> None:
@@ -268,10 +273,10 @@ async def test_shutdown_cancels_background_work_after_the_grace_period(
 
 
 async def test_without_a_lifespan_background_work_is_refused(anyio_backend: str) -> None:
-    model = scripted(
-        exec_step("async def later():\n    pass\nspawn_background(later)"),
-        exec_step("respond(200, 'ok')"),
-        done_step(),
+    model = script(
+        exec_python("async def later():\n    pass\nspawn_background(later)"),
+        exec_python("respond(200, 'ok')"),
+        done(),
     )
     app = CrashOverrideMiddleware(raw_app, crash_override=CrashOverride(model=model))
     assert (await call(app, "GET", "/fail-first"))[0] == 200
@@ -281,7 +286,7 @@ async def test_without_a_lifespan_background_work_is_refused(anyio_backend: str)
 async def test_only_the_configured_requests_and_exceptions_are_recovered(
     anyio_backend: str,
 ) -> None:
-    model = scripted()  # any agent run would fail the test: no steps
+    model = script()  # any agent run would fail the test: no steps
     co = CrashOverride(model=model)
     apps = [
         CrashOverrideMiddleware(raw_app, crash_override=co, methods=["post"]),
@@ -300,7 +305,7 @@ class BodyTooLarge(Exception):
 
 
 async def test_errors_of_the_outer_channel_are_not_recovered(anyio_backend: str) -> None:
-    model = scripted()  # any agent run would fail the test: no steps
+    model = script()  # any agent run would fail the test: no steps
     app = CrashOverrideMiddleware(raw_app, crash_override=CrashOverride(model=model))
     error = BodyTooLarge("413")
     with capture_logs() as logs, pytest.raises(BodyTooLarge) as caught:
@@ -311,7 +316,7 @@ async def test_errors_of_the_outer_channel_are_not_recovered(anyio_backend: str)
 
 
 async def test_a_failure_after_the_client_left_is_skipped(anyio_backend: str) -> None:
-    model = scripted()
+    model = script()
 
     async def gone(scope: Any, receive: Any, send: Any) -> None:
         assert (await receive())["type"] == "http.disconnect"
@@ -326,7 +331,7 @@ async def test_a_failure_after_the_client_left_is_skipped(anyio_backend: str) ->
 
 
 async def test_the_request_budget_bounds_a_stuck_recovery(anyio_backend: str) -> None:
-    model = scripted(exec_step("await anyio.sleep(30)"))
+    model = script(exec_python("await anyio.sleep(30)"))
     app = CrashOverrideMiddleware(raw_app, crash_override=CrashOverride(model=model), timeout=0.3)
     began = time.monotonic()
     with capture_logs() as logs, pytest.raises(LookupError) as caught:

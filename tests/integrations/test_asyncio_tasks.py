@@ -11,7 +11,7 @@ import pytest
 
 from crashoverride import ConfigurationError, CrashOverride
 from crashoverride.integrations.asyncio import task
-from tests.helpers import done_step, exec_step, give_up_step, scripted
+from crashoverride.testing import done, exec_python, give_up, script
 
 pytestmark = pytest.mark.anyio
 # asyncio's own TaskGroup and create_task exist only on the asyncio backend.
@@ -19,7 +19,7 @@ asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 
 async def test_agent_sets_the_result_of_a_failed_coroutine(anyio_backend: str) -> None:
-    co = CrashOverride(model=scripted(exec_step("set_result(kwargs['n'] + 1)"), done_step()))
+    co = CrashOverride(model=script(exec_python("set_result(kwargs['n'] + 1)"), done()))
     guard = task(co, prompt="Return n + 1.")
 
     @guard
@@ -38,11 +38,11 @@ async def test_rerun_after_the_agent_repairs_the_code(
 ) -> None:
     # The agent patches this module's ``parse``: start from (and restore) the broken one.
     monkeypatch.setitem(globals(), "parse", _broken_parse)
-    model = scripted(
-        exec_step(
+    model = script(
+        exec_python(
             "def parse(text):\n    return int(text.strip())\nglobals()['parse'] = parse\nrerun()"
         ),
-        done_step("patched parse"),
+        done("patched parse"),
     )
     co = CrashOverride(model=model)
     calls: list[str] = []
@@ -66,7 +66,7 @@ parse = _broken_parse
 
 
 async def test_unrecovered_task_raises_its_original_exception(anyio_backend: str) -> None:
-    co = CrashOverride(model=scripted(give_up_step("no trustworthy value")))
+    co = CrashOverride(model=script(give_up("no trustworthy value")))
 
     @task(co)
     async def fetch() -> int:
@@ -78,7 +78,7 @@ async def test_unrecovered_task_raises_its_original_exception(anyio_backend: str
 
 
 async def test_uncaught_exception_types_pass_without_a_recovery(anyio_backend: str) -> None:
-    model = scripted()  # any model call would fail the test: no steps scripted
+    model = script()  # any model call would fail the test: no steps scripted
     co = CrashOverride(model=model, catch=KeyError)
 
     @task(co)
@@ -92,7 +92,7 @@ async def test_uncaught_exception_types_pass_without_a_recovery(anyio_backend: s
 
 @asyncio_only
 async def test_asyncio_taskgroup_recovered_task_spares_its_siblings(anyio_backend: str) -> None:
-    co = CrashOverride(model=scripted(exec_step("set_result('recovered')"), done_step()))
+    co = CrashOverride(model=script(exec_python("set_result('recovered')"), done()))
     guard = task(co)
     finished: list[str] = []
 
@@ -117,7 +117,7 @@ async def test_asyncio_taskgroup_recovered_task_spares_its_siblings(anyio_backen
 async def test_asyncio_taskgroup_unrecovered_task_cancels_siblings_as_usual(
     anyio_backend: str,
 ) -> None:
-    co = CrashOverride(model=scripted(give_up_step("cannot")))
+    co = CrashOverride(model=script(give_up("cannot")))
     cancelled: list[str] = []
 
     @task(co)
@@ -141,7 +141,7 @@ async def test_asyncio_taskgroup_unrecovered_task_cancels_siblings_as_usual(
 
 
 async def test_anyio_task_group_recovered_task_spares_its_siblings(anyio_backend: str) -> None:
-    co = CrashOverride(model=scripted(exec_step("set_result(len(args))"), done_step()))
+    co = CrashOverride(model=script(exec_python("set_result(len(args))"), done()))
     results: dict[str, Any] = {}
 
     @task(co)
@@ -163,7 +163,7 @@ async def test_anyio_task_group_recovered_task_spares_its_siblings(anyio_backend
 
 
 async def test_anyio_task_group_unrecovered_task_cancels_siblings(anyio_backend: str) -> None:
-    co = CrashOverride(model=scripted(give_up_step("cannot")))
+    co = CrashOverride(model=script(give_up("cannot")))
     cancelled: list[str] = []
 
     @task(co)
@@ -187,10 +187,10 @@ async def test_anyio_task_group_unrecovered_task_cancels_siblings(anyio_backend:
 
 @asyncio_only
 async def test_wrapped_coroutine_object_and_create_task(anyio_backend: str) -> None:
-    model = scripted(
-        exec_step("rerun()"),  # refused for a coroutine object: the agent sees the error
-        exec_step("set_result(caller['page'].upper())"),
-        done_step(),
+    model = script(
+        exec_python("rerun()"),  # refused for a coroutine object: the agent sees the error
+        exec_python("set_result(caller['page'].upper())"),
+        done(),
     )
     co = CrashOverride(model=model)
     guard = task(co, prompt="Return the page text upper-cased.")
@@ -211,7 +211,7 @@ async def test_wrapped_coroutine_object_and_create_task(anyio_backend: str) -> N
 
 @asyncio_only
 async def test_cancellation_is_never_recovered(anyio_backend: str) -> None:
-    model = scripted()
+    model = script()
     co = CrashOverride(model=model)
     started = asyncio.Event()
 

@@ -322,7 +322,7 @@ import json, os, sys
 import structlog
 structlog.configure(logger_factory=structlog.ReturnLoggerFactory())
 from crashoverride import CrashOverride, RedisCoordination
-from tests.helpers import done_step, exec_step, scripted
+from crashoverride.testing import done, exec_python, script
 
 def first(value):
     raise LookupError("first")
@@ -331,8 +331,8 @@ def second(value):
     raise LookupError("second")
 
 fix = "replace_function({name}, 'def {name}(value):\\\\n    return value + 1\\\\n')\\nrerun()"
-model = scripted(exec_step(fix.format(name="first")), done_step(),
-                 exec_step(fix.format(name="second")), done_step())
+model = script(exec_python(fix.format(name="first")), done(),
+                 exec_python(fix.format(name="second")), done())
 fleet = RedisCoordination(sys.argv[1], namespace=sys.argv[2], key="k" * 16, op_timeout=1.0)
 co = CrashOverride(model=model, coordination=fleet)
 call_first, call_second = co.handler()(first), co.handler()(second)

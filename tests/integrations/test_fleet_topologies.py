@@ -16,6 +16,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from crashoverride import CrashOverride, RedisCoordination
+from crashoverride.testing import done, exec_python, give_up, script
 from tests.fleet.support import (
     FLEET_KEY,
     assert_skipped_for_budget,
@@ -23,7 +24,7 @@ from tests.fleet.support import (
     leader_then_others,
     new_namespace,
 )
-from tests.helpers import await_for, done_step, exec_step, give_up_step, scripted
+from tests.helpers import await_for
 from tests.integrations.topology_servers import redis_cluster, redis_sentinel, redis_tls
 
 PATCH = (
@@ -123,7 +124,7 @@ async def test_a_burst_across_two_processes_runs_one_agent(
     deployment: Deployment, anyio_backend: str
 ) -> None:
     namespace = new_namespace()
-    first, second = scripted(exec_step(PATCH), done_step("patched")), scripted()
+    first, second = script(exec_python(PATCH), done("patched")), script()
     leader = CrashOverride(model=first, timeout=20,
                            coordination=deployment.coordination(namespace))  # fmt: skip
     other = CrashOverride(model=second, timeout=20,
@@ -145,7 +146,7 @@ async def test_a_burst_across_two_processes_runs_one_agent(
 
 def _fixed_elsewhere(deployment: Deployment, namespace: str) -> CrashOverride:
     """An app that recovered and published its fix; the code is then as deployed again."""
-    leader = CrashOverride(model=scripted(exec_step(PATCH), done_step("patched")),
+    leader = CrashOverride(model=script(exec_python(PATCH), done("patched")),
                            coordination=deployment.coordination(namespace))  # fmt: skip
 
     @leader.handler()
@@ -180,7 +181,7 @@ def test_a_fix_reaches_a_later_process_unless_tampered_with(
             client.set(fix_key, json.dumps(envelope))
         finally:
             client.close()
-    model = scripted(exec_step(PATCH), done_step("patched")) if tampered else scripted()
+    model = script(exec_python(PATCH), done("patched")) if tampered else script()
     later = CrashOverride(model=model, coordination=deployment.coordination(namespace))
     with capture_logs() as logs:
         assert _later_job(later)(4) == 40
@@ -208,9 +209,9 @@ def _fix_key(co: CrashOverride) -> str:
 def test_the_fleet_budget_holds_across_processes(deployment: Deployment) -> None:
     namespace = new_namespace()
     cost = {"max_agent_runs_per_minute": 1}
-    first = CrashOverride(model=scripted(exec_step(PATCH), done_step("patched")),
+    first = CrashOverride(model=script(exec_python(PATCH), done("patched")),
                           coordination=deployment.coordination(namespace, **cost))  # fmt: skip
-    second_model = scripted()
+    second_model = script()
     second = CrashOverride(model=second_model,
                            coordination=deployment.coordination(namespace, **cost))  # fmt: skip
     assert _later_job(first)(1) == 10
@@ -245,9 +246,9 @@ def test_the_cluster_spreads_the_fleet_over_its_masters(cluster: Deployment) -> 
 
 def test_the_fleet_breaker_holds_across_processes(deployment: Deployment) -> None:
     namespace = new_namespace()
-    first = CrashOverride(model=scripted(give_up_step("cannot")), breaker_threshold=1,
+    first = CrashOverride(model=script(give_up("cannot")), breaker_threshold=1,
                           coordination=deployment.coordination(namespace))  # fmt: skip
-    second_model = scripted()
+    second_model = script()
     second = CrashOverride(model=second_model, breaker_threshold=1,
                            coordination=deployment.coordination(namespace))  # fmt: skip
     notes = []
@@ -266,10 +267,10 @@ async def test_eager_processes_get_a_fix_live_and_a_later_one_catches_up(
 ) -> None:
     namespace = new_namespace()
     eager = CrashOverride(
-        model=scripted(), coordination=deployment.coordination(namespace, apply_fixes="eager")
+        model=script(), coordination=deployment.coordination(namespace, apply_fixes="eager")
     )
     late = CrashOverride(
-        model=scripted(), coordination=deployment.coordination(namespace, apply_fixes="eager")
+        model=script(), coordination=deployment.coordination(namespace, apply_fixes="eager")
     )
     try:
         with capture_logs() as logs:

@@ -20,7 +20,7 @@ from crashoverride._observe.ledger import open_ledger
 from crashoverride._observe.record import SCHEMA, from_record, to_record
 from crashoverride._observe.report import RecoveryReport, Usage
 from crashoverride._security.audit import ToolCallRecord
-from tests.helpers import done_step, exec_step, give_up_step, scripted
+from crashoverride.testing import Script, done, exec_python, give_up, script
 
 REDIS = "redis://127.0.0.1:6379/11"  # 13 belongs to the fleet tests, which flush it
 SECRET = "ghp_Zx8Yw7Vu6Ts5Rq4Po3Nm2Lk1Jj0Ii9Hh8Gg7"
@@ -53,9 +53,7 @@ def test_records_round_trip_and_are_masked() -> None:
 def test_json_lines_ledger_keeps_each_recovery_and_survives_rotation(tmp_path: Path) -> None:
     path = tmp_path / "recoveries.jsonl"
     co = CrashOverride(
-        model=scripted(
-            exec_step("caller['n'] = 1"), done_step("set n"), give_up_step("no way"),
-        ),
+        model=Script(exec_python("caller['n'] = 1"), done("set n")).run(give_up("no way")).model(),
         on_recovery=JsonLinesLedger(path),
     )  # fmt: skip
     token = SECRET  # a secret-named local: masked wherever it appears
@@ -122,7 +120,7 @@ def test_redis_stream_ledger_is_bounded_and_readable(stream: str) -> None:
 
 def test_a_recovery_reaches_the_redis_ledger(stream: str) -> None:
     sink = RedisStreamLedger(f"{REDIS}?stream={stream}")
-    co = CrashOverride(model=scripted(exec_step("caller['v'] = 3"), done_step()), on_recovery=sink)
+    co = CrashOverride(model=script(exec_python("caller['v'] = 3"), done()), on_recovery=sink)
     handler = co.handler()
     v = 0
     with handler:

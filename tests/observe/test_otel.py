@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from crashoverride import CrashOverride
-from tests.helpers import done_step, exec_step, give_up_step, scripted
+from crashoverride.testing import done, exec_python, give_up, output_items, script
 
 SECRET = "sk-live-9f8e7d6c5b4a39281706f5e4d3c2b1a0"
 
@@ -76,10 +76,10 @@ def _only(spans: list[Any], name: str) -> Any:
 
 def _fix_with_secret() -> Any:
     # The snippet quotes the secret: its span must not.
-    return scripted(
-        exec_step(f"token = {SECRET!r}\ncaller['value'] = len(token)"),
-        exec_step("1/0"),
-        done_step("set value"),
+    return script(
+        exec_python(f"token = {SECRET!r}\ncaller['value'] = len(token)"),
+        exec_python("1/0"),
+        done("set value"),
     )
 
 
@@ -127,7 +127,7 @@ def test_recovery_span_is_a_child_of_the_callers_span_with_redacted_attributes(
 
 
 def test_a_failed_recovery_span_has_error_status_and_is_counted(otel: Telemetry) -> None:
-    co = CrashOverride(model=scripted(give_up_step("cannot")), breaker_threshold=1)
+    co = CrashOverride(model=script(give_up("cannot")), breaker_threshold=1)
     handler = co.handler(name="otel-failed")
 
     def fail() -> None:
@@ -160,11 +160,12 @@ def test_tokens_are_counted_by_kind(otel: Telemetry) -> None:
     from agents.testing import ModelStep
     from agents.usage import Usage
 
-    def step(items: list[Any], tokens_in: int, tokens_out: int) -> Any:
+    def step(turn: Any, tokens_in: int, tokens_out: int) -> Any:
         usage = Usage(requests=1, input_tokens=tokens_in, output_tokens=tokens_out)
-        return ModelStep(output=items, usage=usage)
+        return ModelStep(output=output_items(turn), usage=usage)
 
-    model = scripted(step(exec_step("caller['v'] = 1"), 120, 7), step(done_step(), 200, 3))
+    model = script()
+    model.extend([step(exec_python("caller['v'] = 1"), 120, 7), step(done(), 200, 3)])
     handler = CrashOverride(model=model).handler(name="otel-tokens")
     with handler:
         raise KeyError("x")
@@ -188,7 +189,7 @@ def test_tokens_are_counted_by_kind(otel: Telemetry) -> None:
 async def test_async_recovery_span_parents_under_the_current_span(
     otel: Telemetry, anyio_backend: str
 ) -> None:
-    co = CrashOverride(model=scripted(exec_step("caller['v'] = 2"), done_step()))
+    co = CrashOverride(model=script(exec_python("caller['v'] = 2"), done()))
     handler = co.handler(name=f"otel-async-{anyio_backend}", postcondition=lambda state: True)
     with otel.tracer.start_as_current_span("job") as parent:
         async with handler:
@@ -201,6 +202,7 @@ async def test_async_recovery_span_parents_under_the_current_span(
     assert tool.parent.span_id == recovery.context.span_id
 
 
+@pytest.mark.slow
 def test_fastapi_request_trace_holds_the_recovery(otel: Telemetry) -> None:
     from fastapi import FastAPI
     from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
@@ -210,8 +212,8 @@ def test_fastapi_request_trace_holds_the_recovery(otel: Telemetry) -> None:
 
     prices: dict[str, int] = {}
     co = CrashOverride(
-        model=scripted(
-            exec_step("prices['apple'] = 3\nawait replay_request()"), done_step("stocked apple")
+        model=script(
+            exec_python("prices['apple'] = 3\nawait replay_request()"), done("stocked apple")
         )
     )
     app = FastAPI()
@@ -241,6 +243,7 @@ def test_fastapi_request_trace_holds_the_recovery(otel: Telemetry) -> None:
     assert recovery.attributes["crashoverride.outcome"] == "recovered"
 
 
+@pytest.mark.slow
 def test_without_a_configured_provider_a_recovery_makes_no_telemetry() -> None:
     # A fresh process: importing crashoverride imports neither system; the SDK's dependencies
     # import the OpenTelemetry API, but with no provider set nothing is made.
@@ -249,9 +252,9 @@ def test_without_a_configured_provider_a_recovery_makes_no_telemetry() -> None:
         import sys
         import crashoverride
         assert "opentelemetry" not in sys.modules and "sentry_sdk" not in sys.modules
-        from tests.helpers import done_step, exec_step, scripted
-        steps = [exec_step("caller['v'] = 1"), done_step()] * 2
-        co = crashoverride.CrashOverride(model=scripted(*steps))
+        from crashoverride.testing import done, exec_python, script
+        steps = [exec_python("caller['v'] = 1"), done()] * 2
+        co = crashoverride.CrashOverride(model=script(*steps))
         for _ in range(2):
             handler = co.handler()
             with handler:
@@ -278,6 +281,7 @@ def test_a_failure_an_entry_point_lets_pass_is_counted_as_skipped(otel: Telemetr
     assert (counted.attributes["outcome"], counted.value) == ("skipped", 1)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
 def test_celery_task_trace_holds_the_recovery_in_a_real_worker(otel: Telemetry) -> None:
     import gc
@@ -292,7 +296,7 @@ def test_celery_task_trace_holds_the_recovery_in_a_real_worker(otel: Telemetry) 
     from tests.integrations.celery_support import redis_url
 
     queue = f"co-otel-{os.urandom(4).hex()}"
-    co = CrashOverride(model=scripted(exec_step("set_result(4200)"), done_step("read amount")))
+    co = CrashOverride(model=script(exec_python("set_result(4200)"), done("read amount")))
     CeleryInstrumentor().instrument()
     try:
         with redis_url() as url:
@@ -334,9 +338,9 @@ async def test_concurrent_recoveries_each_sit_in_their_own_callers_span(
     parents: dict[int, Any] = {}
 
     async def job(number: int) -> None:
-        model = scripted(
-            exec_step(f"import anyio\nawait anyio.sleep(0.05)\ncaller['v'] = {number}"),
-            done_step(),
+        model = script(
+            exec_python(f"import anyio\nawait anyio.sleep(0.05)\ncaller['v'] = {number}"),
+            done(),
         )
         handler = CrashOverride(model=model).handler(name=f"otel-many-{anyio_backend}")
         with otel.tracer.start_as_current_span(f"job-{number}") as parent:

@@ -9,7 +9,7 @@ import pytest
 from agents.testing import ModelStep
 
 from crashoverride import CrashOverride
-from tests.helpers import done_step, exec_step, give_up_step, scripted
+from crashoverride.testing import done, exec_python, give_up, output_items, script
 
 
 @pytest.mark.anyio
@@ -22,12 +22,14 @@ async def test_one_handler_shared_by_concurrent_tasks_keeps_reports_apart(
         items = call.input if isinstance(call.input, list) else []
         text = str(call.input)
         if "ValueError" in text:
-            return give_up_step("b cannot be recovered")
+            return output_items(give_up("b cannot be recovered"))
         if any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in items):
-            return done_step("set a")
-        return exec_step("import anyio\nawait anyio.sleep(0.1)\ncaller['value'] = 'a'")
+            return output_items(done("set a"))
+        return output_items(
+            exec_python("import anyio\nawait anyio.sleep(0.1)\ncaller['value'] = 'a'")
+        )
 
-    model = scripted()
+    model = script()
     for _ in range(3):
         model.enqueue(ModelStep.respond(answer))
     co = CrashOverride(model=model)
@@ -81,7 +83,7 @@ def test_sdk_tracing_is_off_unless_asked_for(tracing: bool) -> None:
     set_trace_processors([spans])  # type: ignore[list-item]
     try:
         co = CrashOverride(
-            model=scripted(exec_step("caller['fixed'] = True"), done_step()), tracing=tracing
+            model=script(exec_python("caller['fixed'] = True"), done()), tracing=tracing
         )
         with co.handler():
             raise ValueError

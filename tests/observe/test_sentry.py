@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from crashoverride import CrashOverride
-from tests.helpers import done_step, exec_step, give_up_step, scripted
+from crashoverride.testing import Script, done, exec_python, give_up, script
 
 SECRET = "hunter2-Zq8vW3xK9pL2mN7b"
 
@@ -45,9 +45,10 @@ def _init(sent: Sent, **options: Any) -> None:
         sent.before_send.append(event)
         return event
 
+    # A release given: without one sentry_sdk runs `git rev-parse HEAD` to find it.
     sentry_sdk.init(
         dsn="https://public@sentry.invalid/1", transport=Memory(), before_send=before_send,
-        **options,
+        release="crashoverride-tests", **options,
     )  # fmt: skip
 
 
@@ -66,7 +67,7 @@ def test_a_recovered_exception_is_one_handled_warning_with_report_and_transcript
 ) -> None:
     import sentry_sdk
 
-    co = CrashOverride(model=scripted(exec_step("caller['total'] = 7"), done_step("set total")))
+    co = CrashOverride(model=script(exec_python("caller['total'] = 7"), done("set total")))
     handler = co.handler(name="sentry-recovered")
     password = SECRET  # a secret-named local in the failed frame
     with sentry_sdk.isolation_scope() as scope:
@@ -101,7 +102,7 @@ def test_the_event_of_a_recovered_exception_passes_the_recoverys_redactor(sentry
     # the scope's data go out as the recovery's redactor leaves them, whatever the SDK scrubs.
     import sentry_sdk
 
-    co = CrashOverride(model=scripted(exec_step("caller['total'] = 7"), done_step("set total")))
+    co = CrashOverride(model=script(exec_python("caller['total'] = 7"), done("set total")))
     handler = co.handler(name="sentry-redacted")
     password = SECRET  # secret-named: the redactor masks its value wherever it recurs
     quota = SECRET  # an innocent name the SDK's scrubber lets through
@@ -127,7 +128,7 @@ def test_a_failed_recovery_leaves_sentrys_event_with_the_note_and_the_report(
 ) -> None:
     import sentry_sdk
 
-    co = CrashOverride(model=scripted(give_up_step("the rate table is gone")))
+    co = CrashOverride(model=script(give_up("the rate table is gone")))
     handler = co.handler(name="sentry-failed")
     try:
         with handler:
@@ -155,7 +156,7 @@ def test_the_clients_options_apply(sentry: Sent) -> None:
         sentry, default_integrations=False, include_local_variables=False,
         event_scrubber=EventScrubber(denylist=["diagnosis"]),
     )  # fmt: skip
-    co = CrashOverride(model=scripted(exec_step("caller['n'] = 1"), done_step("secretive")))
+    co = CrashOverride(model=script(exec_python("caller['n'] = 1"), done("secretive")))
     handler = co.handler()
     with handler:
         raise KeyError("n")
@@ -164,6 +165,7 @@ def test_the_clients_options_apply(sentry: Sent) -> None:
     assert sentry.attachments() == []  # the transcript quotes values: no local variables, none
 
 
+@pytest.mark.slow
 def test_fastapi_one_event_per_exception_recovered_or_not() -> None:
     import sentry_sdk
     from fastapi import FastAPI
@@ -176,10 +178,9 @@ def test_fastapi_one_event_per_exception_recovered_or_not() -> None:
     try:
         rates: dict[str, int] = {}
         co = CrashOverride(
-            model=scripted(
-                exec_step("rates['eur'] = 2\nawait replay_request()"), done_step("added eur"),
-                give_up_step("no such currency"),
-            )
+            model=Script(exec_python("rates['eur'] = 2\nawait replay_request()"), done("added eur"))
+            .run(give_up("no such currency"))
+            .model()
         )  # fmt: skip
         app = FastAPI()
 
@@ -235,14 +236,14 @@ from celery.contrib.testing.worker import start_worker
 
 from crashoverride import CrashOverride
 from crashoverride.integrations.celery import CrashOverrideTask, install
-from tests.helpers import done_step, exec_step, give_up_step, scripted
+from crashoverride.testing import done, exec_python, give_up, script
 
 url, queue = sys.argv[1], sys.argv[2]
 app = Celery("co_sentry", broker=url, backend=url, task_cls=CrashOverrideTask)
 app.conf.update(task_default_queue=queue, broker_connection_retry_on_startup=True,
                 worker_hijack_root_logger=False)
-steps = [exec_step("set_result(4200)"), done_step("read amount"), give_up_step("no such rate")]
-install(app, CrashOverride(model=scripted(*steps)))
+steps = [exec_python("set_result(4200)"), done("read amount"), give_up("no such rate")]
+install(app, CrashOverride(model=script(*steps)))
 
 
 @app.task(shared=False, name="sentry.total", recovery_prompt="Return the total.")
@@ -271,6 +272,7 @@ print(json.dumps(events, default=str))
 """
 
 
+@pytest.mark.slow
 def test_celery_worker_one_event_per_exception_recovered_or_not() -> None:
     import json
     import os

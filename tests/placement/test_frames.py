@@ -7,11 +7,11 @@ import sys
 import pytest
 
 from crashoverride import CrashOverride
-from tests.helpers import done_step, exec_step, scripted
+from crashoverride.testing import done, exec_python, script
 
 
 def _co(statements: str) -> CrashOverride:
-    return CrashOverride(model=scripted(exec_step(statements), done_step()))
+    return CrashOverride(model=script(exec_python(statements), done()))
 
 
 def test_write_through_to_a_bound_local() -> None:
@@ -69,8 +69,8 @@ def test_write_through_at_module_level(tmp_path: pytest.TempPathFactory) -> None
     script = tmp_path / "script.py"  # type: ignore[operator]
     script.write_text(
         "from crashoverride import CrashOverride\n"
-        "from tests.helpers import done_step, exec_step, scripted\n"
-        "co = CrashOverride(model=scripted(exec_step(\"caller['answer'] = 42\"), done_step()))\n"
+        "from crashoverride.testing import done, exec_python, script\n"
+        "co = CrashOverride(model=script(exec_python(\"caller['answer'] = 42\"), done()))\n"
         "with co.handler():\n"
         "    raise ValueError\n"
     )

@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from crashoverride import CrashOverride
-from tests.helpers import done_step, exec_step, scripted
+from crashoverride.testing import done, exec_python, script
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
@@ -27,7 +27,7 @@ def _placement(logs: list[dict[str, Any]]) -> str:
 
 
 def test_sync_without_loop_uses_a_temporary_loop_in_this_thread() -> None:
-    co = CrashOverride(model=scripted(exec_step(PROBE), done_step()))
+    co = CrashOverride(model=script(exec_python(PROBE), done()))
     request_id.set("r-sync")
     thread = rid = None
     with capture_logs() as logs, co.handler():
@@ -37,7 +37,7 @@ def test_sync_without_loop_uses_a_temporary_loop_in_this_thread() -> None:
 
 
 def test_sync_inside_a_running_loop_runs_tools_on_the_blocked_owner_thread() -> None:
-    co = CrashOverride(model=scripted(exec_step(PROBE), done_step()))
+    co = CrashOverride(model=script(exec_python(PROBE), done()))
 
     def sync_code_called_from_async() -> tuple[Any, Any]:
         thread = rid = None
@@ -59,7 +59,7 @@ def test_sync_inside_a_running_loop_runs_tools_on_the_blocked_owner_thread() -> 
 
 @pytest.mark.anyio
 async def test_async_with_runs_tools_in_the_owner_thread(anyio_backend: str) -> None:
-    co = CrashOverride(model=scripted(exec_step(PROBE), done_step()))
+    co = CrashOverride(model=script(exec_python(PROBE), done()))
     request_id.set(f"r-{anyio_backend}")
     thread = rid = None
     with capture_logs() as logs:
@@ -75,9 +75,9 @@ async def test_top_level_await_uses_an_app_owned_async_object(anyio_backend: str
     # A memory stream belongs to the application's event loop; awaiting it from the agent's
     # code only works if that code runs on the application's loop.
     send, receive = anyio.create_memory_object_stream[str](1)
-    model = scripted(
-        exec_step("await send.send('from the agent')\ncaller['got'] = await receive.receive()"),
-        done_step(),
+    model = script(
+        exec_python("await send.send('from the agent')\ncaller['got'] = await receive.receive()"),
+        done(),
     )
     co = CrashOverride(model=model)
     got = None
@@ -89,8 +89,8 @@ async def test_top_level_await_uses_an_app_owned_async_object(anyio_backend: str
 @pytest.mark.anyio
 async def test_async_recovery_does_not_block_other_tasks(anyio_backend: str) -> None:
     ticks = 0
-    model = scripted(
-        exec_step("import anyio\nawait anyio.sleep(0.3)\ncaller['slept'] = True"), done_step()
+    model = script(
+        exec_python("import anyio\nawait anyio.sleep(0.3)\ncaller['slept'] = True"), done()
     )
     co = CrashOverride(model=model)
 
@@ -110,7 +110,7 @@ async def test_async_recovery_does_not_block_other_tasks(anyio_backend: str) -> 
 
 @pytest.mark.anyio
 async def test_cancellation_during_recovery_propagates(anyio_backend: str) -> None:
-    model = scripted(exec_step("import anyio\nawait anyio.sleep(30)"), done_step())
+    model = script(exec_python("import anyio\nawait anyio.sleep(30)"), done())
     co = CrashOverride(model=model, timeout=60)
     before = asyncio.all_tasks() if anyio_backend == "asyncio" else set()
     with anyio.move_on_after(0.5) as scope:

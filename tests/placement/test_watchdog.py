@@ -15,13 +15,13 @@ import pytest
 from crashoverride import CrashOverride
 from crashoverride._agent.namespace import AgentExit, Workspace
 from crashoverride._placement.watchdog import Preempted, guard
-from tests.helpers import done_step, exec_step, scripted
+from crashoverride.testing import done, exec_python, script
 
 SPIN = "n = 0\nwhile True:\n    n += 1"
 
 
 def _co() -> CrashOverride:
-    return CrashOverride(model=scripted(exec_step(SPIN), done_step()), timeout=0.5)
+    return CrashOverride(model=script(exec_python(SPIN), done()), timeout=0.5)
 
 
 def _timed_out(exc: BaseException) -> bool:
@@ -329,8 +329,8 @@ def test_finished_snippets_leave_nothing_queued_until_their_deadline() -> None:
 
     recoveries = 40
     co = CrashOverride(
-        model=scripted(*(step for _ in range(recoveries)
-                         for step in (exec_step("caller['value'] = 1"), done_step()))),
+        model=script(*(step for _ in range(recoveries)
+                         for step in (exec_python("caller['value'] = 1"), done()))),
         timeout=600, single_flight=False, breaker_threshold=10**6,
     )  # fmt: skip
     for i in range(recoveries):

@@ -15,8 +15,8 @@ from crashoverride._diagnose import source
 from crashoverride._diagnose.source import origin, show_source
 from crashoverride._repair.patching import replace_function
 from crashoverride._security.gate import compile_source
+from crashoverride.testing import done, exec_python, script, tool_outputs
 from tests.fixtures.pricing import make_counter
-from tests.helpers import done_step, exec_step, scripted, tool_outputs
 
 
 @pytest.fixture
@@ -34,9 +34,11 @@ NEW_PRICE = "def unit_price(sku):\n    return {'apple': 3}[sku]\n"
 
 def test_rebinding_the_module_attribute_misses_from_imports(modules: tuple[object, object]) -> None:
     pricing, checkout = modules
-    model = scripted(
-        exec_step(f"import tests.fixtures.pricing as pricing\nexec({NEW_PRICE!r}, vars(pricing))"),
-        done_step(),
+    model = script(
+        exec_python(
+            f"import tests.fixtures.pricing as pricing\nexec({NEW_PRICE!r}, vars(pricing))"
+        ),
+        done(),
     )
     co = CrashOverride(model=model)
     repaired = lambda _: pricing.unit_price("apple") == 3  # type: ignore[attr-defined]  # noqa: E731
@@ -50,13 +52,13 @@ def test_rebinding_the_module_attribute_misses_from_imports(modules: tuple[objec
 def test_replace_function_reaches_every_reference(modules: tuple[object, object]) -> None:
     pricing, checkout = modules
     held = pricing.unit_price  # type: ignore[attr-defined]
-    model = scripted(
-        exec_step(
+    model = script(
+        exec_python(
             "import tests.fixtures.pricing as pricing\n"
             f"replace_function(pricing.unit_price, {NEW_PRICE!r})"
         ),
-        exec_step("print(show_source(pricing.unit_price))"),
-        done_step(),
+        exec_python("print(show_source(pricing.unit_price))"),
+        done(),
     )
     co = CrashOverride(model=model)
     repaired = lambda _: checkout.total("apple", 2) == 6  # type: ignore[attr-defined]  # noqa: E731

@@ -72,6 +72,7 @@ def _run(path: Path, qty: int) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_recovered_fix_is_written_and_the_next_run_needs_no_recovery(tmp_path: Path) -> None:
     path = _write_script(tmp_path, allow=True, style="write")
     original = path.read_text()
@@ -87,6 +88,7 @@ def test_recovered_fix_is_written_and_the_next_run_needs_no_recovery(tmp_path: P
     assert "total 23" in second and "recovery none" in second
 
 
+@pytest.mark.slow
 def test_patch_style_proposes_without_touching_the_source(tmp_path: Path) -> None:
     path = _write_script(tmp_path, allow=True, style="patch")
     original = path.read_text()
@@ -99,6 +101,7 @@ def test_patch_style_proposes_without_touching_the_source(tmp_path: Path) -> Non
     assert "-    raise NotImplementedError" in text
 
 
+@pytest.mark.slow
 def test_persistence_is_refused_unless_allowed(tmp_path: Path) -> None:
     path = _write_script(tmp_path, allow=False, style="write")
     original = path.read_text()

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from crashoverride import CrashOverride, RedisCoordination
+from crashoverride import ApprovalRequest, CrashOverride, RedisCoordination
+from crashoverride.testing import Script, done, exec_python, script
 from tests.fleet.support import FLEET_KEY, clean, close_fleet, fleet_redis, new_namespace
 from tests.fleet.test_fleet_persist import stored_values
-from tests.helpers import done_step, exec_step, scripted
 
 REPAIR = "caller['total'] = caller['x'] * 2"
 REPAIR_AND_PATCH = (
@@ -47,7 +47,7 @@ def block(co: CrashOverride, x: int, **options: Any) -> int:
 
 
 def test_a_recovered_with_block_replays_its_recipe_with_no_model_call() -> None:
-    model = scripted(exec_step(REPAIR), done_step("set total"))
+    model = script(exec_python(REPAIR), done("set total"))
     reports: list[Any] = []
     co = CrashOverride(model=model, on_recovery=reports.append)
     assert block(co, 3, postcondition=doubled) == 6
@@ -63,7 +63,7 @@ def test_a_recovered_with_block_replays_its_recipe_with_no_model_call() -> None:
 
 
 def test_without_a_postcondition_nothing_is_replayed() -> None:
-    model = scripted(exec_step(REPAIR), done_step("set total"), exec_step(REPAIR), done_step())
+    model = Script(exec_python(REPAIR), done("set total")).run(exec_python(REPAIR), done()).model()
     co = CrashOverride(model=model)
     assert block(co, 3) == 6
     assert block(co, 4) == 8
@@ -72,7 +72,7 @@ def test_without_a_postcondition_nothing_is_replayed() -> None:
 
 def test_a_recipe_whose_postcondition_fails_hands_over_to_the_agent() -> None:
     wrong = "caller['total'] = 6"  # right for x=3 only: a value, not a repair
-    model = scripted(exec_step(wrong), done_step(), exec_step(REPAIR), done_step())
+    model = Script(exec_python(wrong), done()).run(exec_python(REPAIR), done()).model()
     co = CrashOverride(model=model)
     assert block(co, 3, postcondition=doubled) == 6
     with capture_logs() as logs:
@@ -89,11 +89,11 @@ def test_a_recipe_travels_in_the_fix_record_to_a_process_started_later() -> None
     with fleet_redis() as url:
         namespace = new_namespace()
 
-        first_model = scripted(exec_step(REPAIR_AND_PATCH), done_step("patched"))
+        first_model = script(exec_python(REPAIR_AND_PATCH), done("patched"))
         first = CrashOverride(model=first_model, coordination=fleet(url, namespace))
         assert block(first, 3, postcondition=doubled) == 6
         compute.__code__ = ORIGINAL  # a process started later
-        later_model = scripted()
+        later_model = script()
         reports: list[Any] = []
         later = CrashOverride(
             model=later_model, coordination=fleet(url, namespace), on_recovery=reports.append
@@ -130,7 +130,7 @@ def test_a_recipe_holding_a_secret_stays_in_its_process(secret: str) -> None:
 
     with fleet_redis() as url:
         namespace = new_namespace()
-        model = scripted(exec_step(repair), done_step("patched"))
+        model = script(exec_python(repair), done("patched"))
         reports: list[Any] = []
         co = CrashOverride(
             model=model, on_recovery=reports.append,
@@ -166,14 +166,14 @@ def test_a_code_fix_holding_a_secret_stays_in_its_process(secret: str) -> None:
     with fleet_redis() as url:
         namespace = new_namespace()
 
-        model = scripted(exec_step(repair), done_step("patched"))
+        model = script(exec_python(repair), done("patched"))
         co = CrashOverride(model=model, coordination=fleet(url, namespace))
         with capture_logs() as logs:
             assert secret_block(co, 3) == 6
         stored = stored_values(url, namespace)
         assert compute(1) == 2  # fixed here all the same
         compute.__code__ = ORIGINAL  # a process started later: it must run its own agent
-        later_model = scripted(exec_step(REPAIR_AND_PATCH), done_step("patched"))
+        later_model = script(exec_python(REPAIR_AND_PATCH), done("patched"))
         later = CrashOverride(model=later_model, coordination=fleet(url, namespace))
         assert secret_block(later, 4) == 8
         close_fleet(co, later)
@@ -183,3 +183,67 @@ def test_a_code_fix_holding_a_secret_stays_in_its_process(secret: str) -> None:
     assert withheld["targets"] == [f"{__name__}.compute"]
     assert "secret" in withheld["reason"]
     assert len(later_model.calls) == 2  # nothing usable arrived: the agent ran there
+
+
+# -- the gate: a replay is agent code like any other (approve=, the audit trail, the mode) ------
+
+
+def test_a_replay_passes_the_handlers_approver_and_is_in_the_audit_trail() -> None:
+    seen: list[ApprovalRequest] = []
+
+    def reviewer(call: ApprovalRequest) -> bool:
+        seen.append(call)
+        return True
+
+    reports: list[Any] = []
+    co = CrashOverride(model=script(exec_python(REPAIR), done("set total")),
+                       on_recovery=reports.append)  # fmt: skip
+    assert block(co, 3, postcondition=doubled, approve=reviewer) == 6
+    seen.clear()
+    with capture_logs() as logs:
+        assert block(co, 5, postcondition=doubled, approve=reviewer) == 10
+    (asked,) = seen  # the handler's approver saw the snippet before it ran on the new frame
+    assert (asked, asked.tool, asked.source, asked.is_code) == (
+        REPAIR, "exec_python", "recipe", True,
+    )  # fmt: skip
+    replayed = reports[1]
+    assert replayed.via == "recipe"
+    trail = [(c.tool, c.source, c.ok, c.approved_by) for c in replayed.tool_calls]
+    assert trail == [("exec_python", "recipe", True, f"approved by {reviewer.__qualname__}")]
+    assert replayed.tool_calls[0].code == REPAIR
+    called = [(e["tool"], e["source"], e["ok"], e["approved_by"])
+              for e in logs if e["event"] == "recovery.tool_called"]  # fmt: skip
+    assert called == trail
+
+
+def test_a_replay_the_approver_denies_never_runs_and_the_agent_takes_over() -> None:
+    # The recipe would set the right total (a replay would recover): the denial decides.
+    def reviewer(call: ApprovalRequest) -> bool | str:
+        return "no replays" if call.source == "recipe" else True
+
+    model = Script(exec_python(REPAIR), done("set total")).run(exec_python(REPAIR), done()).model()
+    reports: list[Any] = []
+    co = CrashOverride(model=model, approve=reviewer, on_recovery=reports.append)
+    assert block(co, 3, postcondition=doubled) == 6
+    assert block(co, 4, postcondition=doubled) == 8
+    assert len(model.calls) == 4  # the agent ran again
+    second = reports[1]
+    assert second.via == "agent"
+    denied = second.tool_calls[0]
+    assert (denied.tool, denied.source, denied.ok) == ("exec_python", "recipe", False)
+    assert "no replays" in denied.approved_by and denied.result.startswith("Not run")
+
+
+def test_diagnose_mode_never_replays_a_recipe() -> None:
+    model = Script(exec_python(REPAIR), done("set total")).run(done("the diagnosis")).model()
+    reports: list[Any] = []
+    co = CrashOverride(model=model, on_recovery=reports.append)
+    assert block(co, 3, postcondition=doubled) == 6
+    with pytest.raises(NotImplementedError):  # diagnose mode never suppresses, nor changes state
+        block(co, 5, postcondition=doubled, mode="diagnose")
+    diagnosed = reports[1]
+    assert (diagnosed.via, diagnosed.outcome) == ("agent", "failed")
+    assert not [c for c in diagnosed.tool_calls if c.ok]
+    # The recipe still serves the repair handler: diagnose mode did not consume it.
+    assert block(co, 6, postcondition=doubled) == 12
+    assert reports[2].via == "recipe"

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents.testing import function_call
 
 from crashoverride import CrashOverride
-from tests.helpers import exec_step, give_up_step, scripted, tool_outputs
+from crashoverride.testing import exec_python, give_up, script, tool_call, tool_outputs
 
 _PATH = Path(__file__).resolve().parents[2] / "examples" / "approvers.py"
 _spec = importlib.util.spec_from_file_location("example_approvers", _PATH)
@@ -79,10 +78,10 @@ def test_only_the_allowed_attributes_when_listed() -> None:
 def _run(approve: Any, tmp_path: Path) -> tuple[Path, list[str]]:
     ledger = tmp_path / "ledger.db"
     ledger.write_text("the only copy")
-    model = scripted(
-        exec_step(EVASION),
-        [function_call("refund", {"order_id": 1}, call_id="r1")],
-        give_up_step("cannot"),
+    model = script(
+        exec_python(EVASION),
+        tool_call("refund", {"order_id": 1}),
+        give_up("cannot"),
     )
     refunds: list[int] = []
 
@@ -116,6 +115,7 @@ def test_through_approve_the_allow_list_stops_the_evasion_and_unlisted_tools(
     assert "refunded" not in seen
 
 
+@pytest.mark.slow
 def test_the_example_runs() -> None:
     import subprocess
     import sys

@@ -9,19 +9,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents.testing import function_call
 from structlog.testing import capture_logs
 
 from crashoverride import ApprovalRequest, CrashOverride
 from crashoverride._core.followup import run_job_sync
 from crashoverride.followups import FollowupJob
-from tests.helpers import done_step, exec_step, give_up_step, scripted, tool_outputs
+from crashoverride.testing import (
+    Script,
+    done,
+    exec_python,
+    give_up,
+    script,
+    tool_call,
+    tool_outputs,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-
-
-def _call(name: str, arguments: dict[str, Any]) -> list[Any]:
-    return [function_call(name, arguments, call_id=f"{name}-{len(arguments)}")]
 
 
 class Probe:
@@ -54,7 +57,7 @@ def _tool_events(logs: list[dict[str, Any]], name: str = "recovery.tool_called")
 
 def test_a_denied_application_tool_does_not_run_and_is_audited() -> None:
     probe = Probe()
-    model = scripted(_call("refund", {"order_id": 42}), give_up_step("refunds are denied"))
+    model = script(tool_call("refund", {"order_id": 42}), give_up("refunds are denied"))
     co = CrashOverride(model=model, tools=[probe.refund], approve=probe.deny_all)
     handler = co.handler()
     with capture_logs() as logs, pytest.raises(ValueError), handler:
@@ -89,8 +92,8 @@ async def test_an_async_approver_gates_application_tools_on_the_apps_loop(
         approvals.append(call.tool)
         return call.tool != "refund"
 
-    model = scripted(
-        _call("refund", {"order_id": 4}), exec_step("caller['n'] = 1"), done_step()
+    model = script(
+        tool_call("refund", {"order_id": 4}), exec_python("caller['n'] = 1"), done()
     )  # fmt: skip
     co = CrashOverride(model=model, tools=[probe.refund], approve=reviewer)
     n = 0
@@ -101,8 +104,8 @@ async def test_an_async_approver_gates_application_tools_on_the_apps_loop(
 
 def test_an_approved_application_tool_runs_and_its_result_is_audited() -> None:
     probe = Probe()
-    model = scripted(
-        _call("refund", {"order_id": 7}), exec_step("caller['settled'] = True"), done_step()
+    model = script(
+        tool_call("refund", {"order_id": 7}), exec_python("caller['settled'] = True"), done()
     )
     co = CrashOverride(model=model, tools=[probe.refund], approve=probe.allow_all)
     settled = False
@@ -124,7 +127,7 @@ def test_an_application_tool_error_is_audited_as_failed() -> None:
         """Charge the card."""
         raise ConnectionError("gateway down")
 
-    model = scripted(_call("charge", {"amount": 5}), give_up_step("gateway down"))
+    model = script(tool_call("charge", {"amount": 5}), give_up("gateway down"))
     handler = CrashOverride(model=model, tools=[charge]).handler()
     with pytest.raises(ValueError), handler:
         raise ValueError
@@ -144,7 +147,7 @@ def test_tools_from_an_agent_factory_pass_the_gate_too() -> None:
         kwargs["tools"] = [*kwargs["tools"], function_tool(probe.refund)]
         return Agent(**kwargs)
 
-    model = scripted(_call("refund", {"order_id": 3}), give_up_step("denied"))
+    model = script(tool_call("refund", {"order_id": 3}), give_up("denied"))
     co = CrashOverride(model=model, agent_factory=factory, approve=probe.deny_all)
     with pytest.raises(ValueError), co.handler():
         raise ValueError
@@ -154,7 +157,7 @@ def test_tools_from_an_agent_factory_pass_the_gate_too() -> None:
 def test_a_tool_the_gate_cannot_wrap_is_refused() -> None:
     from agents import WebSearchTool
 
-    model = scripted(done_step("searched"))
+    model = script(done("searched"))
     handler = CrashOverride(model=model, tools=[WebSearchTool()]).handler()
     with pytest.raises(ValueError) as raised, handler:
         raise ValueError
@@ -165,15 +168,81 @@ def test_a_tool_the_gate_cannot_wrap_is_refused() -> None:
     del raised
 
 
+# -- handoffs and agents as tools (an agent_factory's) ------------------------------------------
+
+
+def _with_helper(probe: Probe, attach: str) -> Any:
+    """A factory whose agent can reach ``refunds``, an agent with an application tool."""
+    from agents import Agent, function_tool, handoff
+
+    def factory(**kwargs: Any) -> Any:
+        helper = Agent(name="refunds", instructions="Refund orders.", model=kwargs.get("model"),
+                       tools=[function_tool(probe.refund)])  # fmt: skip
+        if attach == "handoff":
+            # Handed off to both ways: the helper can hand back (a cycle).
+            top = Agent(**kwargs, handoffs=[helper])
+            helper.handoffs = [top]
+            return top
+        if attach == "Handoff":
+            return Agent(**kwargs, handoffs=[handoff(helper)])
+        kwargs["tools"] = [*kwargs["tools"], helper.as_tool("ask_refunds", "Ask for a refund.")]
+        return Agent(**kwargs)
+
+    return factory
+
+
+def test_a_handoff_agents_tools_pass_the_gate() -> None:
+    probe = Probe()
+    model = script(
+        tool_call("transfer_to_refunds", {}), tool_call("refund", {"order_id": 3}), done("no")
+    )
+    co = CrashOverride(model=model, agent_factory=_with_helper(probe, "handoff"),
+                       approve=probe.deny_all)  # fmt: skip
+    handler = co.handler()
+    with capture_logs() as logs, pytest.raises(ValueError), handler:
+        raise ValueError("payment failed")
+    assert probe.refunded == []  # the helper's tool never ran: the approver denied it
+    (asked,) = probe.seen
+    assert (asked, asked.source) == ("refund(order_id=3)", "handoff")
+    assert handler.report is not None
+    trail = [(c.tool, c.source, c.ok) for c in handler.report.tool_calls]
+    assert trail == [("refund", "handoff", False)]
+    assert [(t, s, ok) for t, s, ok, _ in _tool_events(logs)] == trail
+
+
+def test_diagnose_mode_offers_no_handoff() -> None:
+    probe = Probe()
+    model = script(done("the diagnosis"))
+    co = CrashOverride(model=model, agent_factory=_with_helper(probe, "handoff"), mode="diagnose")
+    with pytest.raises(ValueError), co.handler():
+        raise ValueError
+    assert {tool.name for tool in model.calls[0].tools} == {"inspect_python", "give_up"}
+    assert model.calls[0].handoffs == []
+
+
+@pytest.mark.parametrize("attach", ["Handoff", "as_tool"])
+def test_a_handoff_or_agent_tool_the_gate_cannot_reach_is_refused(attach: str) -> None:
+    probe = Probe()
+    model = script(done("never asked"))
+    handler = CrashOverride(model=model, agent_factory=_with_helper(probe, attach)).handler()
+    with pytest.raises(ValueError), handler:
+        raise ValueError
+    assert handler.report is not None
+    reason = handler.report.reason
+    assert "refunds" in reason or "ask_refunds" in reason
+    assert "cannot pass approve= and the audit trail" in reason
+    assert not model.calls  # the run never started
+
+
 # -- built-in tools ----------------------------------------------------------------------------
 
 
 def test_every_builtin_tool_passes_the_gate_with_its_name_and_arguments() -> None:
     probe = Probe()
-    model = scripted(
-        exec_step("caller['fixed'] = 1"),
-        _call("spawn_followup", {"objective": "write the patch", "context": ""}),
-        give_up_step("nothing else to do"),
+    model = script(
+        exec_python("caller['fixed'] = 1"),
+        tool_call("spawn_followup", {"objective": "write the patch", "context": ""}),
+        give_up("nothing else to do"),
     )
     runner_jobs: list[FollowupJob] = []
 
@@ -204,7 +273,7 @@ def test_every_builtin_tool_passes_the_gate_with_its_name_and_arguments() -> Non
 
 def test_diagnose_mode_offers_no_application_tools_and_never_runs_one() -> None:
     probe = Probe()
-    model = scripted(_call("refund", {"order_id": 1}), done_step("diagnosis"))
+    model = script(tool_call("refund", {"order_id": 1}), done("diagnosis"))
     co = CrashOverride(model=model, tools=[probe.refund], mode="diagnose")
     with pytest.raises(ValueError), co.handler():
         raise ValueError
@@ -224,10 +293,11 @@ def test_a_followups_tool_calls_pass_the_same_gate_and_are_audited() -> None:
             jobs.append(job)
             return job.id
 
-    model = scripted(
-        exec_step("caller['ok'] = True"), done_step(),  # the recovery
-        _call("refund", {"order_id": 9}), give_up_step("cannot refund"),  # its follow-up
-    )  # fmt: skip
+    model = (
+        Script(exec_python("caller['ok'] = True"), done())  # the recovery
+        .run(tool_call("refund", {"order_id": 9}), give_up("cannot refund"))  # its follow-up
+        .model()
+    )
     approvals: list[str] = []
 
     def reviewer(call: ApprovalRequest) -> bool:
@@ -269,6 +339,7 @@ def _mcp_server(ledger: Path) -> Any:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the MCP client session is asyncio's
 async def test_mcp_tools_pass_the_gate_denied_ones_never_reach_the_server(
@@ -282,11 +353,11 @@ async def test_mcp_tools_pass_the_gate_denied_ones_never_reach_the_server(
         seen.append(call)
         return "no refunds" if call.tool == "refund" else True
 
-    model = scripted(
-        _call("refund", {"order_id": 5}),
-        _call("lookup", {"order_id": 5}),
-        exec_step("caller['total'] = 12.5"),
-        done_step(),
+    model = script(
+        tool_call("refund", {"order_id": 5}),
+        tool_call("lookup", {"order_id": 5}),
+        exec_python("caller['total'] = 12.5"),
+        done(),
     )
     async with _mcp_server(ledger) as server:
         co = CrashOverride(model=model, mcp_servers=[server], approve=reviewer)
@@ -296,7 +367,7 @@ async def test_mcp_tools_pass_the_gate_denied_ones_never_reach_the_server(
             async with handler:
                 raise ValueError
         assert total == 12.5
-        diagnose = scripted(done_step("diagnosis"))
+        diagnose = script(done("diagnosis"))
         with pytest.raises(ValueError):
             async with CrashOverride(
                 model=diagnose, mcp_servers=[server], mode="diagnose"
@@ -329,7 +400,7 @@ def test_the_request_copies_and_pickles_and_the_record_holds_plain_text() -> Non
     for again in (copy.copy(call), copy.deepcopy(call), pickle.loads(pickle.dumps(call))):
         assert (again, again.tool, again.source) == ("refund(order_id=1)", "refund", "application")
         assert dict(again.arguments) == {"order_id": 1}
-    model = scripted(exec_step("caller['x'] = 1"), done_step())
+    model = script(exec_python("caller['x'] = 1"), done())
     handler = CrashOverride(model=model).handler()
     x = 0
     with handler:
@@ -344,7 +415,7 @@ def test_an_application_tools_result_is_masked_by_name_inside_structures() -> No
         """Look up an account."""
         return {"user": user, "api_key": "abcd", "nested": {"password": "pw1"}}
 
-    model = scripted(_call("account", {"user": "ada"}), give_up_step("nothing to fix"))
+    model = script(tool_call("account", {"user": "ada"}), give_up("nothing to fix"))
     co = CrashOverride(model=model, tools=[account])
     handler = co.handler()
     with pytest.raises(ValueError), handler:

@@ -27,11 +27,13 @@ from crashoverride.followups import ThreadRunner
 from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from crashoverride.testing import (
     MockServer,
+    Script,
     done,
     eval_python,
     exec_python,
+    give_up,
+    script,
 )
-from tests.helpers import done_step, exec_step, give_up_step, scripted
 from tests.integrations.asgi_support import serve
 from tests.security.test_secrets import (
     ANTHROPIC,
@@ -301,6 +303,7 @@ FORM_PASSWORD = "Sunny-Day-42x"
 REFRESH_TOKEN = "rt-opaque-9f3Kq2Lm8Zx"
 
 
+@pytest.mark.slow
 def test_request_secrets_never_leave() -> None:
     reports: list[Any] = []
     steps = [
@@ -333,10 +336,10 @@ def test_request_secrets_never_leave() -> None:
 
 def test_a_failed_replay_logs_no_secret() -> None:
     # The leader recovers; the waiter's replay raises again with a key in the message.
-    model = scripted(
-        exec_step("import time\ntime.sleep(0.5)\nset_result(1)"),
-        done_step("recovered"),
-        give_up_step("still failing"),
+    model = (
+        Script(exec_python("import time\ntime.sleep(0.5)\nset_result(1)"), done("recovered"))
+        .run(give_up("still failing"))
+        .model()
     )
     co = CrashOverride(model=model, timeout=30)
 
@@ -375,9 +378,9 @@ def test_a_follow_up_job_carries_no_secret_to_its_runner(monkeypatch: pytest.Mon
             jobs.append(job.to_payload())
             return str(job.id)
 
-    model = scripted(
-        exec_step("import os\nspawn_followup('rotate ' + tenant, os.environ['GH_PAT'] + cfg)"),
-        give_up_step("needs a person"),
+    model = script(
+        exec_python("import os\nspawn_followup('rotate ' + tenant, os.environ['GH_PAT'] + cfg)"),
+        give_up("needs a person"),
     )
     co = CrashOverride(
         model=model, followup_runner=Queue(), redaction=Redaction(values=[TENANT_PIN])

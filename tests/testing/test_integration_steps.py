@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -26,6 +27,7 @@ async def price(request: Request) -> JSONResponse:
     return JSONResponse({"price": price_of(request.path_params["item"])})
 
 
+@pytest.mark.slow
 def test_patch_and_replay_a_request() -> None:
     model = script(
         patch("price_of", "def price_of(item):\n    return PRICES[item]['amount']\n"),
@@ -45,6 +47,7 @@ def test_patch_and_replay_a_request() -> None:
     assert (second.status_code, second.json()) == (200, {"price": 3})
 
 
+@pytest.mark.slow
 def test_respond_with_a_built_response() -> None:
     model = script(respond(503, {"retry": True}, headers={"retry-after": "5"}), done())
     app = Starlette(routes=[Route("/price/{item}", price)])

@@ -17,8 +17,10 @@ from crashoverride.testing import (
     exec_python,
     give_up,
     http_error,
+    output_items,
     script,
     tool_call,
+    tool_outputs,
 )
 
 
@@ -57,6 +59,32 @@ def test_script_builds_the_sdk_steps() -> None:
     second = model._steps[1].output
     assert [type(item) for item in second] == [ResponseFunctionToolCall, ResponseOutputMessage]
     assert second[1].content[0].text == "ok"
+
+
+def test_output_items_are_one_turn_for_the_sdks_own_model_steps() -> None:
+    from agents.testing import ModelStep
+    from agents.usage import Usage
+    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
+
+    first, second = output_items([eval_python("x"), done("ok")]), output_items(eval_python("y"))
+    assert [type(item) for item in first] == [ResponseFunctionToolCall, ResponseOutputMessage]
+    assert first[0].name == "eval_python" and first[1].content[0].text == "ok"
+    ids = {first[0].call_id, second[0].call_id}
+    assert len(ids) == 2 and not ids & {"call_1", "call_2"}  # never a Script's ids
+    assert output_items(exec_python("z", call_id="mine"))[0].call_id == "mine"
+    with pytest.raises(TypeError, match="need the wire"):
+        output_items(http_error(500))  # type: ignore[arg-type]
+
+    # A turn reporting its token usage; the others as a Script would play them.
+    model = script()
+    usage = Usage(requests=1, input_tokens=50)
+    model.enqueue(ModelStep(output=output_items(eval_python("'x' in caller")), usage=usage))
+    model.extend(output_items(step) for step in (exec_python("caller['x'] = 1"), done("set x")))
+    handler = CrashOverride(model=model).handler("Leave `x` set.")
+    with handler:
+        x = 1 // 0
+    assert x == 1 and handler.report is not None and handler.report.usage.input_tokens == 50
+    assert tool_outputs(model) == ["False", "OK (no output, no value)"]
 
 
 def test_bad_steps_are_refused() -> None:
@@ -125,6 +153,7 @@ async def test_scripted_recovery_in_async_code() -> None:
     assert handler.report is not None and handler.report.recovered
 
 
+@pytest.mark.slow
 def test_importing_the_kit_does_not_import_the_sdk() -> None:
     import subprocess
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import secrets
 import textwrap
-from collections.abc import Mapping
 
 from crashoverride._agent import toolbox
 
@@ -178,12 +177,10 @@ def build_input(
     block_brief: str,
     location: str,
     fence: Fence,
-    block_data: Mapping[str, str] | None = None,
 ) -> str:
-    # The location comes from the code object, the brief from the integration. Everything
-    # else carries text the failure brought with it, the block's data (a request's target) too.
-    facts = "\n".join(f"{label}: {value}" for label, value in (block_data or {}).items())
-    about = f"This occurrence:\n{fence(facts, 'block')}\n\n" if facts else ""
+    # The location comes from the code object; the brief is rendered already, its values
+    # fenced by this same fence (``Brief.render``). Everything else carries text the failure
+    # brought with it.
     return (
         "The protected block failed.\n\n"
         f"Exception:\n{fence(exception, 'exception')}\n\n"
@@ -191,11 +188,11 @@ def build_input(
         f"Where: {location}\n\n"
         "Local variables of the protected frame (shortened; inspect them for more):\n"
         f"{fence(locals_summary, 'local variables')}\n\n"
-        f"{about}{block_brief}"
+        f"{block_brief}"
     ).rstrip()
 
 
 CALL_BRIEF = """\
-This is a call of the decorated function `{name}` with `args` and `kwargs`. The call has ended;
-its locals are readable through `caller`. Finish it in one of two ways:
+This is a call of the decorated function shown above (`function`), with `args` and `kwargs`.
+The call has ended; its locals are readable through `caller`. Finish it in one of two ways:
 """ + toolbox.helper_lines("repair", when=("returns",))

@@ -24,7 +24,7 @@ from crashoverride._agent.toolbox import BY_NAME, EXTERNAL_MODES
 from crashoverride._config.settings import Settings
 from crashoverride._observe.report import Usage
 from crashoverride._placement.bridge import Dispatch
-from crashoverride._security.audit import ApprovalRequest, ToolCallRecord
+from crashoverride._security.audit import Approver, ToolCallRecord
 from crashoverride._security.gate import Gate, gate_agent
 from crashoverride._security.redact import Redacted
 from crashoverride._security.text import clip
@@ -49,7 +49,7 @@ class AgentJob:
         on_tool: Callable[[ToolCallRecord], None],
         tools: Sequence[Callable[..., Any]] = (),
         mode: str = "repair",
-        approve: Callable[[ApprovalRequest], Any] | None = None,
+        approve: Approver | None = None,
         fence: Fence | None = None,
     ) -> None:
         self.settings = settings

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar, overload
 
 from crashoverride._errors import ConfigurationError
@@ -259,11 +260,17 @@ class Field(Generic[_T]):
         check: ``check(argument_name, value)``: the normalised value, or ConfigurationError.
         scope: ``APP``, ``HANDLER`` or ``BOTH`` (set on the application, overridable per handler).
         doc: One line; ``CrashOverride``'s docstring starts the argument's entry with it.
+        annotation: The argument's type, as ``CrashOverride``'s signatures spell it (they are
+            written out for type checkers; the table's test holds them to this).
         merge: How a handler's checked value combines with the application's.
-        aliases: Other handler argument names for this field (e.g. ``followup``).
+        aliases: Other handler argument names for this field, each with its annotation (e.g.
+            ``followup``, one objective: ``"str"``).
     """
 
-    __slots__ = ("aliases", "check", "checked_default", "default", "doc", "merge", "name", "scope")
+    __slots__ = (
+        "aliases", "annotation", "check", "checked_default", "default", "doc", "merge", "name",
+        "scope",
+    )  # fmt: skip
 
     checked_default: _T
 
@@ -274,11 +281,12 @@ class Field(Generic[_T]):
         scope: Scope,
         doc: str,
         *,
+        annotation: str,
         merge: Callable[[Any, Any], Any] = override,
-        aliases: tuple[str, ...] = (),
+        aliases: Mapping[str, str] = MappingProxyType({}),
     ) -> None:
         self.default, self.check, self.scope, self.doc = default, check, scope, doc
-        self.merge, self.aliases, self.name = merge, aliases, ""
+        self.annotation, self.merge, self.aliases, self.name = annotation, merge, aliases, ""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -314,43 +322,73 @@ class Settings:
     """
 
     # fmt: off
-    # name = Field(default, check, scope, doc[, merge=..., aliases=...]); merge: ``override``.
-    # APP: process-wide (admission, hooks); HANDLER: what one block means; BOTH: overridable.
-    project_prompt = Field("", _text, APP, "Facts about the application every recovery knows.")
-    prompt = Field("", _text, HANDLER, "What the protected block must achieve.")
-    model = Field(None, _model, BOTH, "A model name, an Agents SDK ``Model`` instance, or None.")
-    catch = Field(Exception, _catch, BOTH, "Exception class(es) that trigger a recovery.")
-    tools = Field((), _tools, BOTH, "Tools offered to every recovery.", merge=union)
-    mcp_servers = Field((), _servers, BOTH, "MCP servers offered to every recovery.", merge=union)
-    system_prompt = Field(None, _optional_text, BOTH, "Replaces the built-in agent instructions.")
-    openai_client_factory = Field(None, _hook, BOTH, "Builds the ``AsyncOpenAI`` client.")
-    agent_factory = Field(None, _hook, BOTH, "Builds the SDK ``Agent`` from keyword arguments.")
-    api_key = Field(None, _optional_text, BOTH, "API key; default: ``OPENAI_API_KEY``.")
-    base_url = Field(None, _http_url, BOTH, "An OpenAI-compatible http(s) endpoint.")
-    timeout = Field(120.0, _positive, BOTH, "Wall-clock budget of one recovery, in seconds.")
-    max_turns = Field(20, _count, BOTH, "Model turns one recovery may take.")
-    max_concurrent_recoveries = Field(4, _count, APP, "Recoveries running at once in this process.")
-    concurrency_wait = Field(30.0, _non_negative, APP, "Seconds a recovery waits for a free slot.")
-    single_flight = Field(True, _flag, APP, "Concurrent identical failures share one recovery.")
+    # name = Field(default, check, scope, doc, annotation=...[, merge=..., aliases=...]);
+    # merge: ``override``. APP: process-wide (admission, hooks); HANDLER: what one block means;
+    # BOTH: overridable per handler. ``annotation``: the type the signatures spell.
+    project_prompt = Field("", _text, APP, "Facts about the application every recovery knows.",
+                           annotation="str")
+    prompt = Field("", _text, HANDLER, "What the protected block must achieve.", annotation="str")
+    model = Field(None, _model, BOTH, "A model name, an Agents SDK ``Model`` instance, or None.",
+                  annotation="Any")
+    catch = Field(Exception, _catch, BOTH, "Exception class(es) that trigger a recovery.",
+                  annotation="type[Exception] | tuple[type[Exception], ...]")
+    tools = Field((), _tools, BOTH, "Tools offered to every recovery.", merge=union,
+                  annotation="Sequence[Any]")
+    mcp_servers = Field((), _servers, BOTH, "MCP servers offered to every recovery.", merge=union,
+                        annotation="Sequence[Any]")
+    system_prompt = Field(None, _optional_text, BOTH, "Replaces the built-in agent instructions.",
+                          annotation="str | None")
+    openai_client_factory = Field(None, _hook, BOTH, "Builds the ``AsyncOpenAI`` client.",
+                                  annotation="Callable[[], Any] | None")
+    agent_factory = Field(None, _hook, BOTH, "Builds the SDK ``Agent`` from keyword arguments.",
+                          annotation="Callable[..., Any] | None")
+    api_key = Field(None, _optional_text, BOTH, "API key; default: ``OPENAI_API_KEY``.",
+                    annotation="str | None")
+    base_url = Field(None, _http_url, BOTH, "An OpenAI-compatible http(s) endpoint.",
+                     annotation="str | None")
+    timeout = Field(120.0, _positive, BOTH, "Wall-clock budget of one recovery, in seconds.",
+                    annotation="float")
+    max_turns = Field(20, _count, BOTH, "Model turns one recovery may take.", annotation="int")
+    max_concurrent_recoveries = Field(4, _count, APP, "Recoveries running at once in this process.",
+                                      annotation="int")
+    concurrency_wait = Field(30.0, _non_negative, APP, "Seconds a recovery waits for a free slot.",
+                             annotation="float")
+    single_flight = Field(True, _flag, APP, "Concurrent identical failures share one recovery.",
+                          annotation="bool")
     breaker_threshold = Field(3, _count, APP,
-                              "Failed recoveries of one fingerprint that open its breaker...")
-    breaker_window = Field(300.0, _positive, APP, "...within this many seconds...")
-    breaker_cooldown = Field(600.0, _non_negative, APP, "...for this many seconds.")
-    tracing = Field(False, _flag, BOTH, "Export SDK traces (tracebacks and locals are sensitive).")
-    on_recovery = Field(None, _hook, APP, "Called with every ``RecoveryReport``.")
-    postcondition = Field(None, _hook, HANDLER, "Judges the block's locals after the agent.")
-    name = Field(None, _optional_text, HANDLER, "The handler's name in events and reports.")
+                              "Failed recoveries of one fingerprint that open its breaker...",
+                              annotation="int")
+    breaker_window = Field(300.0, _positive, APP, "...within this many seconds...",
+                           annotation="float")
+    breaker_cooldown = Field(600.0, _non_negative, APP, "...for this many seconds.",
+                             annotation="float")
+    tracing = Field(False, _flag, BOTH, "Export SDK traces (tracebacks and locals are sensitive).",
+                    annotation="bool")
+    on_recovery = Field(None, _hook, APP, "Called with every ``RecoveryReport``.",
+                        annotation="Callable[[RecoveryReport], Any] | None")
+    postcondition = Field(None, _hook, HANDLER, "Judges the block's locals after the agent.",
+                          annotation="Callable[..., Any] | None")
+    name = Field(None, _optional_text, HANDLER, "The handler's name in events and reports.",
+                 annotation="str | None")
     followups = Field((), _followups, BOTH, "Objectives run in the background after a recovery.",
-                      merge=union_distinct, aliases=("followup",))
-    followup_runner = Field(None, _runner, BOTH, "Where follow-ups run.")
-    followup_timeout = Field(600.0, _positive, BOTH, "Budget of one follow-up run, in seconds.")
-    mode = Field("repair", _choice(*MODES), BOTH, '``"repair"`` or ``"diagnose"`` (read-only).')
-    approve = Field(None, _hook, BOTH, "Called with every tool call before it runs.")
-    allow_source_changes = Field(False, _flag, BOTH, "Let recoveries persist fixes to sources.")
-    source_changes = Field("write", _choice(*SOURCE_STYLES), BOTH, '``"write"`` or ``"patch"``.')
-    redaction = Field(None, _redaction, APP, "Extra redaction rules on top of the defaults.")
+                      merge=union_distinct, annotation="str | Sequence[str]",
+                      aliases=MappingProxyType({"followup": "str"}))
+    followup_runner = Field(None, _runner, BOTH, "Where follow-ups run.", annotation="Any")
+    followup_timeout = Field(600.0, _positive, BOTH, "Budget of one follow-up run, in seconds.",
+                             annotation="float")
+    mode = Field("repair", _choice(*MODES), BOTH, '``"repair"`` or ``"diagnose"`` (read-only).',
+                 annotation="str")
+    approve = Field(None, _hook, BOTH, "Called with every tool call before it runs.",
+                    annotation="Approver | None")
+    allow_source_changes = Field(False, _flag, BOTH, "Let recoveries persist fixes to sources.",
+                                 annotation="bool")
+    source_changes = Field("write", _choice(*SOURCE_STYLES), BOTH, '``"write"`` or ``"patch"``.',
+                           annotation="str")
+    redaction = Field(None, _redaction, APP, "Extra redaction rules on top of the defaults.",
+                      annotation="Redaction | None")
     coordination = Field(None, _coordination, APP,
-                         "Who recoveries coordinate with: this process (None) or a fleet.")
+                         "Who recoveries coordinate with: this process (None) or a fleet.",
+                         annotation="RedisCoordination | None")
     # fmt: on
 
     def __setattr__(self, key: str, value: object) -> None:

@@ -13,6 +13,7 @@ from types import FrameType, MappingProxyType
 from typing import Any
 
 from crashoverride._agent.state import NO_RESULT, RunState
+from crashoverride._security.brief import NO_BRIEF, Brief
 from crashoverride._security.verdict import judge
 
 Check = Callable[[RunState], Any]
@@ -32,15 +33,15 @@ class Block:
         frame: The frame whose locals become ``caller`` (write-through), or None.
         globals_: The globals agent code runs in.
         bindings: Extra names in the agent's namespace.
-        brief: Extra text for the agent: what this block is and how to finish it. It is shown as
-            instructions: put nothing from outside in it (use ``data``).
-        data: Facts about this occurrence that come from outside (a request's method and
-            target, a task's arguments), by label; shown to the agent fenced as data, so text
-            an attacker chose cannot pass for instructions.
+        brief: What this block is and how to finish it, for the agent: a ``Brief``, whose
+            trusted parts are shown as instructions and whose values (a request's method and
+            target, a task's id) are fenced as data, so text an attacker chose cannot pass for
+            instructions. A ``str`` is refused: nothing can tell its trusted text from a value.
         check: The evidence that the block was recovered, called in the owner's context after
-            the agent finished: None or True when recovered, else False or the reason (one
-            meaning, see ``_verdict``). May return an awaitable. Required: a block without
-            a check is never "recovered" (the model's last message is not evidence).
+            the agent finished: True when recovered; anything else, None included, is not (a
+            string is the reason; one rule for every check, ``_security.verdict``). May
+            return an awaitable. Required: a block without a check is never "recovered" (the
+            model's last message is not evidence).
         replay: For single-flight waiters: re-run the block once after another recovery of the
             same failure succeeded. Returns the block's value (or an awaitable of it).
         fields: Extra structlog fields (e.g. request method and path).
@@ -55,7 +56,7 @@ class Block:
     """
 
     __slots__ = (
-        "bindings", "brief", "caller", "check", "data", "fields", "frame", "globals", "kind",
+        "bindings", "brief", "caller", "check", "fields", "frame", "globals", "kind",
         "repair_only", "replay", "returns", "secrets", "why_cancelled",
     )  # fmt: skip
 
@@ -67,7 +68,7 @@ class Block:
         globals_: dict[str, Any],
         check: Check | None,
         bindings: Mapping[str, Any] | None = None,
-        brief: str = "",
+        brief: Brief = NO_BRIEF,
         replay: Callable[[], Any] | None = None,
         fields: Mapping[str, Any] | None = None,
         caller: Mapping[str, Any] | None = None,
@@ -75,8 +76,9 @@ class Block:
         secrets: tuple[str, ...] = (),
         why_cancelled: Callable[[], str | None] | None = None,
         repair_only: bool = False,
-        data: Mapping[str, str] | None = None,
     ) -> None:
+        if not isinstance(brief, Brief):
+            raise TypeError(f"a block's brief is a Brief, got {type(brief).__name__}")
         self.kind = kind
         self.frame = frame
         self.globals = globals_
@@ -90,7 +92,6 @@ class Block:
         self.secrets = secrets
         self.why_cancelled = why_cancelled
         self.repair_only = repair_only
-        self.data = dict(data or {})
 
     def release(self) -> None:
         """Drop every reference into the failed code (frames, bound methods, arguments).
@@ -126,17 +127,17 @@ def with_block(postcondition: Callable[..., Any] | None, frame: FrameType | None
         frame=frame,
         globals_=frame.f_globals if frame is not None else {},
         caller=caller,
-        brief=WITH_BLOCK_BRIEF,
+        brief=Brief(WITH_BLOCK_BRIEF),
         check=functools.partial(_check_with, postcondition, caller),
     )
 
 
 def _check_with(postcondition: Callable[..., Any] | None, caller: Any, _: RunState) -> Any:
     if postcondition is not None:
-        return judge(lambda: postcondition(caller))
+        return judge(lambda: postcondition(caller), what="the postcondition")
     if caller is None or not caller.writes:
         return NO_EVIDENCE_WITH
-    return None
+    return True
 
 
 # ------------------------------------------------------------------------------ function calls
@@ -150,7 +151,7 @@ def call_block(
     *,
     postcondition: Callable[..., Any] | None = None,
     kind: str = "call",
-    brief: str | None = None,
+    brief: Brief | None = None,
     fields: Mapping[str, Any] | None = None,
     bindings: Mapping[str, Any] | None = None,
 ) -> Block:
@@ -166,7 +167,7 @@ def call_block(
         # The call has ended: its locals are for reading; the result is set explicitly.
         caller=MappingProxyType(dict(frame.f_locals)) if frame is not None else None,
         bindings={"args": args, "kwargs": kwargs, "function": func, **(bindings or {})},
-        brief=CALL_BRIEF.format(name=name) if brief is None else brief,
+        brief=Brief(CALL_BRIEF, function=name) if brief is None else brief,
         check=functools.partial(_check_call, postcondition, func, args, kwargs),
         replay=functools.partial(func, *args, **kwargs),
         returns=True,
@@ -201,8 +202,9 @@ def _check_call(
     def accept(value: Any) -> Any:
         state.result = value
         if postcondition is None:
-            return None
-        return judge(lambda: postcondition(result_view(value, args, kwargs)))
+            return True
+        view = result_view(value, args, kwargs)
+        return judge(lambda: postcondition(view), what="the postcondition")
 
     if state.rerun:
         # The agent repaired the code and asked for the call to be made again, once.

@@ -8,7 +8,7 @@ cannot run must give the user's exception back in milliseconds. Only what that a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import structlog  # noqa: F401  (loaded with this module; async callers load it off the loop)
 
@@ -19,11 +19,28 @@ from crashoverride._core.block import Block
 from crashoverride._core.recovery import Decision, Recovery, internal_failure
 from crashoverride._core.seen import mark, seen
 from crashoverride._placement.offloop import load
+from crashoverride._security.notes import redactor_of
+
+if TYPE_CHECKING:
+    from crashoverride._admission.limits import Limits
+    from crashoverride._core.record import Record
+    from crashoverride._followups.session import Run
 
 _PIPELINE = "crashoverride._core.pipeline"
 
+C = TypeVar("C")
 
-def admit(rec: Any) -> Any:
+
+class App(Protocol):
+    """What a recovery needs of its ``CrashOverride`` (the composition root, above this)."""
+
+    def _limits(self) -> Limits: ...
+
+    @property
+    def _run_followup(self) -> Run: ...
+
+
+def admit(rec: Record[C]) -> C | None:
     """Step 1 (credentials): the record's conclusion when no model can be reached, else None.
 
     ``rec`` is a ``Recovery`` or a follow-up's record; both conclude the same way.
@@ -33,7 +50,7 @@ def admit(rec: Any) -> Any:
 
 
 def _start(
-    app: Any, settings: Settings, exc: BaseException, block: Block
+    app: App, settings: Settings, exc: BaseException, block: Block
 ) -> Recovery | Decision | None:
     """The admitted record; or the ``Decision`` that ends the recovery here; or None (let
     ``exc`` propagate as it is)."""
@@ -43,10 +60,10 @@ def _start(
     try:
         rec = Recovery(settings, app._limits(), exc, block, app._run_followup)
     except Exception as problem:
-        internal_failure(exc, problem)
+        internal_failure(exc, problem, redactor_of(lambda: settings))
         return None
     try:
-        refused: Decision | None = admit(rec)
+        refused = admit(rec)
     except Exception as problem:
         _broken(rec, exc, problem)
         return None
@@ -54,12 +71,12 @@ def _start(
 
 
 def _broken(rec: Recovery, exc: BaseException, problem: Exception) -> None:
-    internal_failure(exc, problem)
+    internal_failure(exc, problem, rec.redact)
     rec.abandon()
 
 
 async def recover_async(
-    app: Any, settings: Settings, exc: BaseException, block: Block
+    app: App, settings: Settings, exc: BaseException, block: Block
 ) -> Decision | None:
     """Recover from async code on any anyio backend. None: let ``exc`` propagate as it is."""
     rec = _start(app, settings, exc, block)
@@ -79,7 +96,7 @@ async def recover_async(
     return await recover_admitted_async(rec, exc)
 
 
-def recover_sync(app: Any, settings: Settings, exc: BaseException, block: Block) -> Decision | None:
+def recover_sync(app: App, settings: Settings, exc: BaseException, block: Block) -> Decision | None:
     """Recover from synchronous code. None: let ``exc`` propagate as it is."""
     rec = _start(app, settings, exc, block)
     if not isinstance(rec, Recovery):

@@ -14,13 +14,14 @@ import concurrent.futures
 import time
 from typing import TYPE_CHECKING, Any
 
-from crashoverride._agent.state import RunState
+from crashoverride._agent.state import AgentRun, RunState
 from crashoverride._core.block import Block
 from crashoverride._followups.job import FOLLOWUP_PROMPT, FollowupJob, FollowupResult, render_report
 from crashoverride._followups.session import job_fields
 from crashoverride._observe import events
 from crashoverride._placement.deadline import Deadline
 from crashoverride._security.audit import ToolCallRecord
+from crashoverride._security.notes import internal_error
 from crashoverride._security.redact import Redactor, fixed
 from crashoverride._security.text import clip
 
@@ -32,15 +33,18 @@ if TYPE_CHECKING:
 class FollowupRecord:
     """The pipeline's record of one follow-up (see ``_recovery.Recovery`` for a recovery's)."""
 
-    coordinated = False
-
     def __init__(self, job: FollowupJob, settings: Settings, runner: str) -> None:
+        from crashoverride._security.gate import changes_allowed
+
         self.job = job
+        # Read-only when the recovery was or this application is: a follow-up has no more
+        # rights than either (the recovery's mode travels in its report).
+        mode = job.report.mode if changes_allowed(settings.mode) else settings.mode
         self.settings = settings.for_handler(
-            {"prompt": "", "timeout": job.timeout, "max_turns": job.max_turns}
+            {"prompt": "", "timeout": job.timeout, "max_turns": job.max_turns, "mode": mode}
         )
         self.deadline = Deadline(job.timeout)
-        self.id = job.id
+        self.id: str = job.id
         self.state = RunState()
         # The application's redaction policy covers follow-ups too.
         self.redact = Redactor.for_settings(settings)
@@ -51,7 +55,7 @@ class FollowupRecord:
             frame=None,
             globals_={"__name__": "__crashoverride_followup__", "__builtins__": builtins},
             # A follow-up has no block to restore: finishing without giving up is its evidence.
-            check=lambda _: None,
+            check=lambda _: True,
             bindings={"report": job.report, "objective": job.objective, "followup_id": job.id},
         )
         self._fields = self.redact.data({"runner": runner, **job_fields(job)})
@@ -94,13 +98,14 @@ class FollowupRecord:
             redact=self.redact,
             on_tool=self._on_tool,
             approve=settings.approve,  # the application's approval gate covers follow-ups too
+            mode=settings.mode,
             fence=fence,
         )
 
     def _on_tool(self, record: ToolCallRecord) -> None:
         # The same fields as ``recovery.tool_called``, and the recovery it follows.
         events.emit("info", events.FOLLOWUP_TOOL_CALLED, **record.event_fields(),
-                    followup_id=self.id, recovery_id=self.job.report.recovery_id)  # fmt: skip
+                    followup_id=self.job.id, recovery_id=self.job.report.recovery_id)  # fmt: skip
 
     def started(self, placement: str) -> None:
         self.running = True
@@ -108,7 +113,7 @@ class FollowupRecord:
 
     # -- conclusions -------------------------------------------------------------------------
 
-    def concluded(self, run: Any, verdict: str | None) -> FollowupResult:
+    def concluded(self, run: AgentRun | None, verdict: str | None) -> FollowupResult:
         state = self.state
         failure = run.failure if run is not None else "the agent did not run"
         if state.gave_up is not None:
@@ -131,7 +136,7 @@ class FollowupRecord:
     def cancelled(self, reason: str = "cancelled before it finished") -> None:
         if self._result is None:
             self._result = FollowupResult(
-                self.id, "failed", self.redact(reason), self._ms(), tuple(self.state.records)
+                self.job.id, "failed", self.redact(reason), self._ms(), tuple(self.state.records)
             )
             events.emit("warning", events.FOLLOWUP_FAILED, reason=self._result.summary,
                       cut_off=True, duration_ms=self._ms(), **self._fields)  # fmt: skip
@@ -141,7 +146,7 @@ class FollowupRecord:
         if self._result is not None:
             return self._result
         result = self._result = FollowupResult(
-            self.id,
+            self.job.id,
             "succeeded" if outcome == "succeeded" else "failed",
             clip(self.redact(text), 1_000),
             self._ms(),
@@ -175,6 +180,11 @@ async def run_job(job: FollowupJob, settings: Settings, runner: str) -> Followup
 
     rec = FollowupRecord(job, settings, runner)
     try:
+        if job.approver and settings.approve is None:
+            return rec.skipped(
+                f"the recovery's approve= ({job.approver}) does not travel with the job and "
+                "this process's CrashOverride has none: a follow-up never runs unapproved"
+            )
         refused: FollowupResult | None = admit(rec)
         if refused is not None:
             return refused
@@ -184,7 +194,7 @@ async def run_job(job: FollowupJob, settings: Settings, runner: str) -> Followup
         rec.cancelled()
         raise
     except Exception as problem:
-        return rec.skipped(f"internal error: {problem!r}")
+        return rec.skipped(internal_error(problem, rec.redact))
     finally:
         rec.abandon()
 

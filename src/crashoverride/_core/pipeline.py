@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Iterator
 from inspect import isawaitable
-from typing import Any
+from typing import Protocol, TypeVar
 
 import anyio
 
 from crashoverride._agent import run as _agent
 from crashoverride._agent.namespace import AgentInterrupted
+from crashoverride._core.block import Check
+from crashoverride._core.record import Record
 from crashoverride._core.recovery import Decision, Recovery, internal_failure
 from crashoverride._observe import events
 from crashoverride._placement import bridge
@@ -36,9 +38,29 @@ from crashoverride._placement.bridge import Dispatch, Job, Placement
 from crashoverride._placement.inside import INSIDE
 from crashoverride._placement.owner_thread import drive
 from crashoverride._repair import recipes
+from crashoverride._security.verdict import judge, reason
 
 _LEADER_LOST = "the concurrent recovery of this failure did not recover it"
 _OVERLOADED = "too many recoveries at once (max_concurrent_recoveries)"
+
+C = TypeVar("C")
+T = TypeVar("T")
+
+
+class Coordinated(Protocol[C]):
+    """The steps a recovery takes part in and a follow-up does not (see ``_Coordination``)."""
+
+    async def admit(self, call: Dispatch) -> C | None:
+        """Steps 1-3: admission, single-flight and a slot. A conclusion: no agent run here."""
+        ...
+
+    async def replay_recipe(self, agent_call: Dispatch, check: Check | None) -> C | None:
+        """Step 4b: an earlier recovery's state repair; a conclusion when it held."""
+        ...
+
+    async def land(self, conclusion: C) -> None:
+        """Step 8: tell the waiters in other processes (bounded)."""
+        ...
 
 
 def inside(recovery_id: str, job: Job, *, agent_code: bool = False) -> Job:
@@ -50,7 +72,7 @@ def inside(recovery_id: str, job: Job, *, agent_code: bool = False) -> Job:
     exception.
     """
 
-    def marked() -> Any:
+    def marked() -> object:
         with _marked(recovery_id, agent_code):
             value = job()
         return _marked_async(recovery_id, value, agent_code) if isawaitable(value) else value
@@ -58,7 +80,7 @@ def inside(recovery_id: str, job: Job, *, agent_code: bool = False) -> Job:
     return marked
 
 
-async def _marked_async(recovery_id: str, awaitable: Awaitable[Any], agent_code: bool) -> Any:
+async def _marked_async(recovery_id: str, awaitable: Awaitable[T], agent_code: bool) -> T:
     with _marked(recovery_id, agent_code):
         return await awaitable
 
@@ -76,33 +98,35 @@ def _marked(recovery_id: str, agent_code: bool) -> Iterator[None]:
         INSIDE.reset(token)
 
 
-async def run(rec: Any, place: Placement) -> Any:
+async def run(rec: Record[C], place: Placement, coordinated: Coordinated[C] | None = None) -> C:
     """All the steps, under the record's one deadline; returns the record's conclusion.
 
     ``rec`` is a ``Recovery`` (``_recovery``) or a follow-up's record (``followups._run``),
-    admitted by ``_entry.admit``: the same steps, minus the coordination a follow-up does not
-    take part in.
+    admitted by ``_entry.admit``: the same steps, minus the coordination (``coordinated``,
+    a recovery's) a follow-up does not take part in.
     """
     deadline = rec.deadline
 
-    def call(job: Job) -> Awaitable[Any]:
+    def call(job: Job) -> Awaitable[object]:
         return place.call(inside(rec.id, job))
 
     with anyio.CancelScope(deadline=deadline.backend_deadline()) as scope:
-        conclusion = await _steps(rec, place, call)
+        conclusion = await _steps(rec, place, call, coordinated)
     if scope.cancelled_caught:
         what = "" if rec.running else "waiting for a concurrent recovery or a free slot"
         conclusion = rec.timed_out(what)
-    if rec.coordinated:  # 8. release: tell the waiters in other processes (bounded)
-        await rec.limits.coordination.land(rec, conclusion)
+    if coordinated is not None:  # 8. release: tell the waiters in other processes (bounded)
+        await coordinated.land(conclusion)
     return conclusion
 
 
-async def _steps(rec: Any, place: Placement, call: Dispatch) -> Any:
+async def _steps(
+    rec: Record[C], place: Placement, call: Dispatch, coordinated: Coordinated[C] | None
+) -> C:
     # 1. admit: the credentials were asked by the caller (``_entry.admit``), before any of
     # this was imported; what remains of admission is the coordination's.
-    if rec.coordinated:
-        refused = await _coordinate(rec, call)
+    if coordinated is not None:
+        refused = await coordinated.admit(call)
         if refused is not None:
             return refused
     # 4. prepare (in the owner's thread: its frame, its context)
@@ -112,20 +136,17 @@ async def _steps(rec: Any, place: Placement, call: Dispatch) -> Any:
         except ImportError:
             pass  # the agent run reports it, as it does on every other placement
     job = await call(rec.prepare)
+    assert isinstance(job, _agent.AgentJob)  # the placement hands values back as ``object``
     check = rec.block.check if rec.block is not None else None
 
-    def agent_call(job_: Job) -> Awaitable[Any]:
+    def agent_call(job_: Job) -> Awaitable[object]:
         return place.call(inside(rec.id, job_, agent_code=True))
 
     # 4b. an earlier recovery's state repair (its recipe), before any model call
-    if rec.coordinated and recipes.applies(rec):
-        recipe = rec.limits.recipes.get(rec.fingerprint)
-        if recipe is not None and check is not None:
-            held = await recipes.replay(rec, recipe, agent_call, lambda: _judged(check, rec))
-            if held:
-                return rec.recipe_replayed(recipe.turns)
-            rec.limits.recipes.forget(rec.fingerprint)  # it did not hold: the agent runs
-        recipes.record(rec)
+    if coordinated is not None:
+        replayed = await coordinated.replay_recipe(agent_call, check)
+        if replayed is not None:
+            return replayed
     rec.started(place.name)
     # 5. the agent run; its code runs as the owner, through the placement
     run_ = await place.run_session(lambda dispatch: _agent.run_agent(job, dispatch), agent_call,
@@ -134,59 +155,84 @@ async def _steps(rec: Any, place: Placement, call: Dispatch) -> Any:
     verdict: str | None = None
     if run_.failure is None and not rec.state.stopped and rec.settings.mode == "repair":
         verdict = (
-            "the block has no check" if check is None else await call(lambda: _judged(check, rec))
+            "the block has no check"
+            if check is None
+            else reason(await call(lambda: _judged(check, rec)))
         )
     # 7. outcome (and release: the record drops every reference into the failed code)
     return rec.concluded(run_, verdict)
 
 
-async def _coordinate(rec: Recovery, call: Dispatch) -> Decision | None:
-    """Steps 1-3: admission, single-flight and a slot. A decision means: no agent run here."""
-    settings, limits = rec.settings, rec.limits
-    coordination = limits.coordination  # in-process or fleet: the one pluggable piece
-    # 1. admit
-    within = INSIDE.get()
-    if within is not None:
-        return rec.skipped(f"raised by agent code of recovery {within}, which it is part of")
-    admission = coordination.admit(rec)
-    if admission.skip is not None:
-        return rec.skipped(admission.skip)
-    rec.trial = admission.trial  # handed back by the record unless an agent run reports
-    # 2. single-flight: one agent run per fingerprint; the others wait for its whole life
-    if settings.single_flight:
-        joined = await coordination.join(rec, call)
-        if joined.skip is not None:
-            return rec.skipped(joined.skip)
-        if not joined.leading:
-            if not joined.recovered:
-                return rec.skipped(_LEADER_LOST)
-            replay = rec.block.replay if rec.block is not None else None
-            if replay is not None:
-                try:
-                    value = await call(replay)
-                except Exception as again:
-                    events.emit("info", events.REPLAY_FAILED, error=rec.redact(repr(again)),
-                              **rec.fields())  # fmt: skip
-                else:
-                    return rec.replayed(value)
-    # 3. slot
-    slot = limits.slots.acquire()
-    began = time.monotonic()
-    acquired = False
-    try:
-        acquired = await bridge.wait_within(slot, settings.concurrency_wait)
-    finally:
-        if acquired:
-            rec.slot = slot
-        else:  # timed out, cancelled or interrupted: hand the slot on if it was just granted
-            limits.slots.abandon(slot)
-    rec.waited += time.monotonic() - began
-    return None if acquired else rec.skipped(_OVERLOADED)
+class _Coordination:
+    """A recovery's ``Coordinated`` steps: this process's or the fleet's coordination, the
+    recipes, the slots (``rec.limits``)."""
+
+    def __init__(self, rec: Recovery) -> None:
+        self.rec = rec
+
+    async def admit(self, call: Dispatch) -> Decision | None:
+        rec = self.rec
+        settings, limits = rec.settings, rec.limits
+        coordination = limits.coordination  # in-process or fleet: the one pluggable piece
+        # 1. admit
+        within = INSIDE.get()
+        if within is not None:
+            return rec.skipped(f"raised by agent code of recovery {within}, which it is part of")
+        admission = coordination.admit(rec)
+        if admission.skip is not None:
+            return rec.skipped(admission.skip)
+        rec.trial = admission.trial  # handed back by the record unless an agent run reports
+        # 2. single-flight: one agent run per fingerprint; the others wait for its whole life
+        if settings.single_flight:
+            joined = await coordination.join(rec, call)
+            if joined.skip is not None:
+                return rec.skipped(joined.skip)
+            if not joined.leading:
+                if not joined.recovered:
+                    return rec.skipped(_LEADER_LOST)
+                replay = rec.block.replay if rec.block is not None else None
+                if replay is not None:
+                    try:
+                        value = await call(replay)
+                    except Exception as again:
+                        events.emit("info", events.REPLAY_FAILED, error=rec.redact(repr(again)),
+                                  **rec.fields())  # fmt: skip
+                    else:
+                        return rec.replayed(value)
+        # 3. slot
+        slot = limits.slots.acquire()
+        began = time.monotonic()
+        acquired = False
+        try:
+            acquired = await bridge.wait_within(slot, settings.concurrency_wait)
+        finally:
+            if acquired:
+                rec.slot = slot
+            else:  # timed out, cancelled or interrupted: hand the slot on if it was just granted
+                limits.slots.abandon(slot)
+        rec.waited += time.monotonic() - began
+        return None if acquired else rec.skipped(_OVERLOADED)
+
+    async def replay_recipe(self, agent_call: Dispatch, check: Check | None) -> Decision | None:
+        rec = self.rec
+        if not recipes.applies(rec):
+            return None
+        recipe = rec.limits.recipes.get(rec.fingerprint)
+        if recipe is not None and check is not None:
+            held = await recipes.replay(rec, recipe, agent_call, lambda: _judged(check, rec))
+            if held:
+                return rec.recipe_replayed(recipe.turns)
+            rec.limits.recipes.forget(rec.fingerprint)  # it did not hold: the agent runs
+        recipes.record(rec)
+        return None
+
+    async def land(self, conclusion: Decision) -> None:
+        await self.rec.limits.coordination.land(self.rec, conclusion)
 
 
-def _judged(check: Callable[..., Any], rec: Recovery) -> Any:
-    from crashoverride._security.verdict import judge
-
+def _judged(check: Check, rec: Record[object]) -> object:
+    """The block's check, judged (in the owner's context): True, the reason, or an awaitable of
+    it for an async check (the placement awaits it there)."""
     return judge(lambda: check(rec.state), what="the block's check")
 
 
@@ -199,14 +245,14 @@ async def recover_admitted_async(rec: Recovery, exc: BaseException) -> Decision 
         if bridge.cancel_pending():
             return None  # a failure raised while being cancelled: the cancellation goes on
         with events.bound(recovery_id=rec.id, fingerprint=rec.fingerprint):
-            decision: Decision = await run(rec, bridge.placement())
+            decision = await run(rec, bridge.placement(), _Coordination(rec))
             return decision
     except anyio.get_cancelled_exc_class():
         why = rec.block.why_cancelled if rec.block is not None else None
         rec.cancelled((why() if why is not None else None) or "cancelled by the caller")
         raise
     except Exception as problem:
-        internal_failure(exc, problem)
+        internal_failure(exc, problem, rec.redact)
         return None
     finally:
         rec.abandon()  # a no-op after a decision; hands on the flight and slot otherwise
@@ -220,12 +266,12 @@ def recover_admitted_sync(rec: Recovery, exc: BaseException) -> Decision | None:
     began = time.monotonic()
     try:
         with events.bound(recovery_id=rec.id, fingerprint=rec.fingerprint):
-            decision: Decision = drive(lambda place: run(rec, place), rec.deadline)
+            decision = drive(lambda place: run(rec, place, _Coordination(rec)), rec.deadline)
             return decision
     except TimeoutError:
         return rec.timed_out()  # the agent ignored the deadline; it was left behind
     except Exception as problem:
-        internal_failure(exc, problem)
+        internal_failure(exc, problem, rec.redact)
         return None
     except BaseException:  # an interrupt or exit: one terminal event, then it propagates
         rec.cancelled("interrupted")

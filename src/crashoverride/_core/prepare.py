@@ -87,8 +87,7 @@ def prepare(rec: Recovery) -> AgentJob:
             exception=rec.exception_text,
             traceback_text=rec.traceback_text,
             locals_summary=summarize_locals(shown, is_secret=redact.is_secret),
-            block_brief=block.brief,
-            block_data=block.data,
+            block_brief=block.brief.render(fence, redact),  # its values fenced, each redacted
             location=location,
         )
     )

@@ -15,18 +15,23 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from crashoverride._admission.limits import Flight, Limits
-from crashoverride._agent.state import NO_RESULT, RunState
+from crashoverride._agent.state import NO_RESULT, AgentRun, RunState
 from crashoverride._config.settings import Settings
 from crashoverride._core.block import Block
 from crashoverride._observe import events, observers
 from crashoverride._observe.report import RecoveryReport, Usage
 from crashoverride._placement.deadline import Deadline
 from crashoverride._security.audit import ToolCallRecord
+from crashoverride._security.notes import add_note, note_internal_error
 from crashoverride._security.redact import EMPTY, Redacted, Redactor, fixed, name_rule, scanned
 from crashoverride._security.text import clip, describe_exception, format_traceback
 
 if TYPE_CHECKING:
+    from crashoverride._agent.run import AgentJob
+    from crashoverride._core.followup import FollowupRecord
     from crashoverride._followups.session import Run
+    from crashoverride._placement.bridge import Dispatch
+    from crashoverride._security.gate import Owner
 
 
 class Decision:
@@ -76,18 +81,8 @@ def fingerprint(exc: BaseException) -> str:
     return f"{kind}@{code.co_filename}:{tb.tb_lineno}({code.co_qualname})"
 
 
-def add_note(exc: BaseException, note: Redacted) -> None:
-    """Add ``note`` (redactor output: it travels with the user's exception) to ``exc``."""
-    try:
-        exc.add_note(note)
-    except Exception:  # pragma: no cover - an exception type that refuses notes
-        pass
-
-
 class Recovery:
     """One recovery's bookkeeping; the steps themselves are in ``_pipeline``."""
-
-    coordinated = True  # admission, single-flight and slots apply
 
     def __init__(
         self,
@@ -159,7 +154,16 @@ class Recovery:
         events.emit("info", events.TOOL_CALLED, **record.event_fields(), **self._fields)
         self.watch.tool(record)
 
-    def prepare(self) -> Any:
+    def code_owner(self, dispatch: Dispatch) -> Owner:
+        """Who answers for agent code this recovery runs outside its agent's tool calls (a
+        recipe, a fleet fix): its mode and approver, its audit trail, ``dispatch`` to reach it."""
+        from crashoverride._security.gate import Owner
+
+        settings = self.settings
+        return Owner(mode=settings.mode, approve=settings.approve, dispatch=dispatch,
+                     redact=self.redact, audit=self.on_tool, trail=self.state.records)  # fmt: skip
+
+    def prepare(self) -> AgentJob:
         """Step 4, run in the owner's thread: the agent's namespace and texts."""
         from crashoverride._core.prepare import prepare
 
@@ -171,7 +175,9 @@ class Recovery:
 
     # -- the report ------------------------------------------------------------------------
 
-    def _report(self, outcome: str, reason: str, via: str, run: Any = None) -> RecoveryReport:
+    def _report(
+        self, outcome: str, reason: str, via: str, run: AgentRun | None = None
+    ) -> RecoveryReport:
         state, redact, fields = self.state, self.redact, self._fields
         return RecoveryReport(
             recovery_id=fields["recovery_id"],
@@ -205,7 +211,7 @@ class Recovery:
     def skipped(self, reason: str) -> Decision:
         return self._finish("skipped", reason, "none", None, events.SKIPPED, "warning")
 
-    def replayed(self, value: Any) -> Decision:
+    def replayed(self, value: object) -> Decision:
         reason = "replayed after a concurrent recovery"
         return self._finish("recovered", reason, "replay", None, events.SUCCEEDED, "info", value)
 
@@ -224,7 +230,7 @@ class Recovery:
         self.running = False  # says nothing about the failure: the breaker does not learn it
         self._finish("failed", reason, "none", None, events.CANCELLED, "warning")
 
-    def concluded(self, run: Any, verdict: str | None) -> Decision:
+    def concluded(self, run: AgentRun | None, verdict: str | None) -> Decision:
         """The agent run ended (``run``); ``verdict`` is None when the block's check held."""
         state = self.state
         failure = run.failure if run is not None else "the agent did not run"
@@ -253,10 +259,10 @@ class Recovery:
         outcome: str,
         reason: str,
         via: str,
-        run: Any,
+        run: AgentRun | None,
         event: Redacted,
         level: str,
-        value: Any = None,
+        value: object = None,
     ) -> Decision:
         # What "recovered" means for a repair-only block: the code, not this occurrence.
         repaired = outcome == "recovered" and self.repair_only
@@ -332,7 +338,7 @@ class Recovery:
         self.editor = None
 
 
-def drop_references(record: Any) -> None:
+def drop_references(record: Recovery | FollowupRecord) -> None:
     """What every pipeline record does at its end: close the namespace, release the block."""
     workspace, record.workspace = record.workspace, None
     if workspace is not None:
@@ -350,10 +356,11 @@ def _secret_values(block: Block, is_secret_name: Callable[[str], bool]) -> list[
     return secret_values([names for names in roots if names is not None], is_secret_name)
 
 
-def internal_failure(exc: BaseException, problem: BaseException) -> None:
-    """A bug in crashoverride: say so on the user's exception, which then propagates."""
-    # No recovery, so no redactor of one: the rules every redactor applies (a repr may quote
-    # a secret).
-    add_note(exc, scanned(f"crashoverride: recovery not attempted, internal error: {problem!r}"))
-    events.emit("error", events.FAILED, reason=scanned(f"internal error: {problem!r}"),
-              exc_type=scanned(type(exc).__qualname__))  # fmt: skip
+def internal_failure(
+    exc: BaseException, problem: BaseException, redact: Callable[[str], Redacted] | None = None
+) -> None:
+    """A bug in crashoverride: say so on the user's exception, which then propagates.
+
+    ``redact``: the run's redactor, when there is one (its configured key, its locals)."""
+    reason = note_internal_error(exc, problem, redact)
+    events.emit("error", events.FAILED, reason=reason, exc_type=scanned(type(exc).__qualname__))

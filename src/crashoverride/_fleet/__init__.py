@@ -1,1 +1,10 @@
-"""_fleet."""
+"""Coordination through Redis: one agent run per failure across a fleet, and fixes that travel.
+
+Modules: ``backend`` (single-flight with a lease, breaker, budget, fix records), ``link`` (the
+one connection to Redis, usable from any thread or loop), ``scripts`` (the Redis layout and its
+Lua scripts), ``records`` (signed fix records: made, verified, applied), ``eager``
+(``apply_fixes="eager"``: apply records as they are published).
+
+May import: ``_placement``, ``_security``, ``_config``, ``_observe``, ``_repair``,
+``_admission``; type-only: ``_core.recovery``.
+"""

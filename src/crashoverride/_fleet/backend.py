@@ -73,7 +73,7 @@ class Fleet:
         self.option = option
         self.local = local
         self.link = Link(option)
-        self.eager = Eager(self.link, settings.approve)
+        self.eager = Eager(self.link, settings)
         self._lock = threading.Lock()
         self._leases: dict[str, _Lease] = {}
         self._down_until = 0.0
@@ -335,7 +335,7 @@ class Fleet:
         if key is None or self.option.apply_fixes == "never":
             return False
         try:
-            record, changed = await records.receive(stored, key, rec.settings.approve, call)
+            record, changed = await records.receive(stored, key, rec.code_owner(call))
         except records.Refused as refusal:
             events.emit("warning", events.FIX_REFUSED, reason=rec.redact(str(refusal)),
                       **rec.fields())  # fmt: skip

@@ -3,7 +3,9 @@
 Every published record is also announced: its key goes into a namespace-wide index (a sorted
 set by time, trimmed to ``record_ttl``) and onto a namespace-wide channel. An eager process
 subscribes to that channel, THEN reads the index (nothing published in between is missed), and
-applies each record by the same rules as on failure: signature, code digests, ``approve=``.
+applies each record by the same rules as on failure: signature, code digests, the mode and
+``approve=`` (the application's), through the gate; with no report to hold its audit line, each
+application is a ``fleet.tool_called`` event.
 
 It runs on the fleet's helper loop, from the first failure or ``warm_up()`` of a process on; a
 forked child starts its own. Redis going away only pauses it (``retry_after``).
@@ -15,8 +17,7 @@ import asyncio
 import hashlib
 import os
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from crashoverride._config.coordination import RedisCoordination
 from crashoverride._fleet import records
@@ -24,7 +25,12 @@ from crashoverride._fleet.link import Link
 from crashoverride._fleet.scripts import ANNOUNCE, ms
 from crashoverride._observe import events
 from crashoverride._placement.bridge import run_job
+from crashoverride._security.audit import ToolCallRecord
 from crashoverride._security.redact import clip, fixed, scanned
+
+if TYPE_CHECKING:
+    from crashoverride._config.settings import Settings
+    from crashoverride._security.gate import Owner
 
 _MAX_INDEXED: Final = 1_000  # records a late process catches up on, newest kept
 
@@ -45,10 +51,11 @@ EAGER = fixed("eager")  # the fleet role of the eager subscriber's events
 class Eager:
     """The eager subscriber of one ``CrashOverride`` (one per process)."""
 
-    def __init__(self, link: Link, approve: Callable[..., Any] | None) -> None:
+    def __init__(self, link: Link, settings: Settings) -> None:
         self.link = link
         self.option = link.option
-        self.approve = approve
+        self.settings = settings  # the application's: its mode, approver and redaction
+        self._owner: Owner | None = None
         self._pid = 0
         # Records already judged here, applied or refused: a record announced while the
         # index is read arrives twice (index and channel), and one announced again must not
@@ -105,7 +112,7 @@ class Eager:
         if stored is None or key is None:
             return
         try:
-            record, changed = await records.receive(stored, key, self.approve, run_job)
+            record, changed = await records.receive(stored, key, self.owner())
         except records.Refused as refusal:
             events.emit("warning", events.FIX_REFUSED, reason=scanned(str(refusal)),
                       fleet_role=EAGER)  # fmt: skip
@@ -116,3 +123,23 @@ class Eager:
                       fleet_role=EAGER,
                       not_applied=[scanned(n) for n in records.not_applied(record)],
                       fix_record=scanned(str(record.get("id", ""))))  # fmt: skip
+
+    def owner(self) -> Owner:
+        """Who answers for the fixes applied here: the application (built when first needed)."""
+        if self._owner is None:
+            from crashoverride._security.gate import Owner
+            from crashoverride._security.redact import Redactor
+
+            settings = self.settings
+            self._owner = Owner(
+                mode=settings.mode,
+                approve=settings.approve,
+                dispatch=run_job,
+                redact=Redactor.for_settings(settings),
+                audit=_audited,
+            )
+        return self._owner
+
+
+def _audited(record: ToolCallRecord) -> None:
+    events.emit("info", events.FLEET_TOOL_CALLED, **record.event_fields(), fleet_role=EAGER)

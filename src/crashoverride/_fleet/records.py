@@ -22,10 +22,15 @@ import json
 import sys
 import time
 import types
-from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from crashoverride._repair.journal import digest, record_id, take_files
+
+if TYPE_CHECKING:
+    from crashoverride._security.audit import Approver
+
+if TYPE_CHECKING:
+    from crashoverride._security.gate import Owner
 
 _HOW: Final = {
     "rebind": "# rebind_everywhere({}) to:",
@@ -145,14 +150,18 @@ def apply(todo: list[tuple[types.FunctionType, dict[str, str]]]) -> list[str]:
 
 
 async def receive(
-    stored: str | bytes, key: bytes, approve: Callable[..., Any] | None, call: Any
+    stored: str | bytes, key: bytes, owner: Owner
 ) -> tuple[dict[str, Any], list[str]]:
     """Verify, check, approve and apply a stored record: (the record, the names changed).
 
-    Nothing changed when this process runs the fix already. ``approve`` (``approve=``) sees the
-    code first, through ``call`` (the owner's context, or the helper loop). ``Refused`` when any
-    rule says no.
+    Nothing changed when this process runs the fix already. Applying it is agent code, so it
+    passes the gate (``run_agent_code``) as one ``apply_fix`` call: ``owner``'s mode, its
+    approver (which sees the code first), its audit trail. ``Refused`` when any rule says no.
     """
+    from crashoverride._security.audit import ApprovalRequest
+    from crashoverride._security.gate import run_agent_code
+    from crashoverride._security.text import format_tool_error
+
     record = verify(stored, key)
     todo = check(record)
     if not record["targets"] and not record.get("recipe") and record.get("files"):
@@ -163,20 +172,25 @@ async def receive(
         )
     if not todo and not record.get("recipe"):
         return record, []
-    if approve is not None:
-        from crashoverride._security.audit import ApprovalRequest
+    names = [f"{t['module']}.{t['qualname']}" for t in record["targets"]]
+    request = ApprovalRequest(approval_text(record), tool="apply_fix", source="fleet",
+                              arguments={"record": record.get("id"), "targets": names},
+                              is_code=True)  # fmt: skip
+    changed: list[str] = []
 
-        names = [f"{t['module']}.{t['qualname']}" for t in record["targets"]]
-        request = ApprovalRequest(approval_text(record), tool="apply_fix", source="fleet",
-                                  arguments={"record": record.get("id"), "targets": names},
-                                  is_code=True)  # fmt: skip
+    async def execute() -> tuple[str, bool]:
         try:
-            verdict = await call(lambda: approve(request))
-        except Exception as exc:  # an approver that fails denies, as for any tool call
-            raise Refused(f"approve= raised {type(exc).__name__}: {exc}"[:200]) from None
-        if not verdict or isinstance(verdict, str):
-            raise Refused(f"denied by approve=: {verdict!r}"[:200])
-    return record, apply(todo)
+            changed.extend(apply(todo))
+        except Exception as exc:
+            return format_tool_error(exc), False
+        return f"changed: {', '.join(changed) or 'nothing (the recipe is kept for later)'}", True
+
+    ran = await run_agent_code(owner, request, execute)
+    if not ran.allowed:
+        raise Refused(ran.approved_by[:200])
+    if not ran.ok:
+        raise Refused(f"applying it failed: {ran.output}"[:300])
+    return record, changed
 
 
 def approval_text(record: dict[str, Any]) -> str:
@@ -203,7 +217,7 @@ def not_applied(record: dict[str, Any]) -> list[str]:
     ]
 
 
-def approved_by(records: list[Any], approver: Callable[..., Any] | None) -> str:
+def approved_by(records: list[Any], approver: Approver | None) -> str:
     """Who approved the code of a recovery: the approver named by its code-running tool calls."""
     if approver is None:
         return "not required (no approve= configured)"

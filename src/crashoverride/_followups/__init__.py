@@ -1,1 +1,8 @@
-"""_followups."""
+"""Follow-up jobs: background agent runs a recovery asks for, and the runners that own them.
+
+Modules: ``job`` (what a follow-up is, its result and its payload), ``session`` (how a recovery
+asks for follow-ups and hands them over), ``runners`` (where follow-ups run), ``taskgroup``
+(``TaskGroupRunner``). Running one is the core's (``_core.followup``), handed in as a callable.
+
+May import: ``_security``, ``_config``, ``_observe``.
+"""

@@ -55,6 +55,8 @@ class FollowupJob:
         report: The recovery's report (text only).
         timeout: Wall-clock budget of the follow-up agent, in seconds.
         max_turns: Model turns the follow-up agent may take.
+        approver: The name of the recovery's ``approve=`` ("" without one). The approver itself
+            cannot travel with a job: a process that runs it without one of its own refuses it.
     """
 
     # Redacted text only: a job may travel through a broker or a subprocess's arguments.
@@ -65,6 +67,7 @@ class FollowupJob:
     report: RecoveryReport
     timeout: float
     max_turns: int
+    approver: str = ""
 
     def to_payload(self) -> RedactedData:
         """A JSON-safe dict, for runners that hand the job to another process: scanned again
@@ -92,6 +95,7 @@ class FollowupJob:
             report=RecoveryReport(**raw),
             timeout=float(data["timeout"]),
             max_turns=int(data["max_turns"]),
+            approver=str(data.get("approver", "")),
         )
 
 

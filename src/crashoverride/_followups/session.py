@@ -11,17 +11,19 @@ from crashoverride._followups.job import (
     MAX_PER_RECOVERY,
     OBJECTIVE_LIMIT,
     FollowupJob,
+    FollowupResult,
     new_id,
 )
 from crashoverride._observe import events
 from crashoverride._observe.report import RecoveryReport
+from crashoverride._security.notes import internal_error
 from crashoverride._security.redact import EMPTY, Redacted, clip, fixed, scanned
 
 if TYPE_CHECKING:
     from crashoverride._config.settings import Settings
 
 # How a job runs once its runner starts it: ``_core.followup.run_job``, handed in by the core.
-Run = Callable[[FollowupJob, "Settings", str], Awaitable[Any]]
+Run = Callable[[FollowupJob, "Settings", str], Awaitable[FollowupResult]]
 
 
 class FollowupSession:
@@ -77,7 +79,7 @@ class FollowupSession:
             return self._conclude(report)
         except Exception as problem:
             events.emit("error", events.FOLLOWUP_FAILED, recovery_id=report.recovery_id,
-                      reason=scanned(f"internal error: {problem!r}"))  # fmt: skip
+                      reason=internal_error(problem, self._redact))  # fmt: skip
             return []
 
     def _conclude(self, report: RecoveryReport) -> list[str]:
@@ -92,8 +94,10 @@ class FollowupSession:
         if not wanted:
             return []
         from crashoverride._followups.runners import resolve_runner
+        from crashoverride._security.gate import approver_name
 
         runner = resolve_runner(settings.followup_runner)
+        approver = approver_name(settings.approve) if settings.approve is not None else ""
         ids: list[str] = []
         for job_id, objective, context, origin in wanted:
             job = FollowupJob(
@@ -104,6 +108,7 @@ class FollowupSession:
                 report=report,
                 timeout=settings.followup_timeout,
                 max_turns=settings.max_turns * 2,
+                approver=approver,
             )
             if submit(runner, job, settings, self._run):
                 ids.append(job_id)

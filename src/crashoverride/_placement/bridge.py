@@ -35,8 +35,8 @@ import anyio.lowlevel
 from crashoverride._placement.deadline import Deadline
 
 T = TypeVar("T")
-Job = Callable[[], Any]
-Dispatch = Callable[[Job], Awaitable[Any]]
+Job = Callable[[], object]  # agent code, a check, a replay: run as the owner of the frame
+Dispatch = Callable[[Job], Awaitable[object]]
 Session = Callable[[Dispatch], Coroutine[Any, Any, T]]
 
 # How long an owner that stops waiting (deadline, interrupt) lets a cancelled agent thread wind
@@ -48,7 +48,7 @@ _DETACHED: set[asyncio.Task[Any]] = set()
 
 
 def loop_running_here() -> bool:
-    """Whether an event loop (asyncio or trio) is running in the calling thread."""
+    """Whether an event loop (asyncio or trio) runs in the calling thread."""
     if asyncio.events._get_running_loop() is not None:
         return True
     trio = sys.modules.get("trio")
@@ -62,6 +62,7 @@ def loop_running_here() -> bool:
 
 
 def on_asyncio() -> bool:
+    """Whether the calling thread runs an asyncio loop (trio and others: False)."""
     return asyncio.events._get_running_loop() is not None
 
 
@@ -75,7 +76,7 @@ def cancel_pending() -> bool:
     return False
 
 
-async def run_job(job: Job) -> Any:
+async def run_job(job: Job) -> object:
     value = job()
     if isawaitable(value):
         value = await value
@@ -221,7 +222,7 @@ class Placement:
 
     name = "running-loop"
 
-    async def call(self, job: Job) -> Any:
+    async def call(self, job: Job) -> object:
         """Run ``job`` as the owner of the failed frame; await what it returns."""
         return await run_job(job)
 
@@ -276,7 +277,7 @@ class Hop(Placement):
         # Scopes of agent code running on the owner's loop, so ending the recovery stops it.
         active: set[anyio.CancelScope] = set()
 
-        async def guarded(job: Job) -> Any:
+        async def guarded(job: Job) -> object:
             with anyio.CancelScope() as scope:
                 active.add(scope)
                 try:
@@ -285,12 +286,12 @@ class Hop(Placement):
                     active.discard(scope)
             raise RuntimeError("the recovery was cancelled while this code ran")
 
-        def in_owner(job: Job) -> Any:
+        def in_owner(job: Job) -> object:
             # Serialised so the one captured context is never entered twice at once.
             with serial:
                 return anyio.from_thread.run(guarded, job, token=token)
 
-        async def hop(job: Job) -> Any:
+        async def hop(job: Job) -> object:
             return await asyncio.to_thread(in_owner, job)
 
         worker = AgentThread(lambda: session(hop))

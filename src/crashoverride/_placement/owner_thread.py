@@ -31,7 +31,7 @@ class OwnerThread(Placement):
     def __init__(self, jobs: queue.SimpleQueue[Any]) -> None:
         self._jobs = jobs
 
-    async def call(self, job: Job) -> Any:
+    async def call(self, job: Job) -> object:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._jobs.put((job, future))
         return await asyncio.wrap_future(future)

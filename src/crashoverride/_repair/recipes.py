@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from crashoverride._observe import events
 from crashoverride._security.redact import clip, scanned
+from crashoverride._security.verdict import reason
 
 if TYPE_CHECKING:
     from crashoverride._core.recovery import Recovery
@@ -84,9 +85,15 @@ class Recipes:
 
 
 def applies(rec: Recovery) -> bool:
-    """Recipes are for blocks with no re-run of their own, judged by a postcondition."""
+    """Recipes are for blocks with no re-run of their own, judged by a postcondition, in a mode
+    that lets agent code change the process (the gate would refuse the replay in any other:
+    not trying keeps the recipe for the handlers that may use it)."""
+    from crashoverride._security.gate import changes_allowed
+
     block = rec.block
-    return block is not None and block.replay is None and rec.settings.postcondition is not None
+    if block is None or block.replay is not None or rec.settings.postcondition is None:
+        return False
+    return changes_allowed(rec.settings.mode)
 
 
 class _Collected:
@@ -213,14 +220,40 @@ async def _recorded_async(value: Any, statements: str, snippets: list[str]) -> A
 
 async def replay(rec: Recovery, recipe: Recipe, agent_call: Dispatch, judge: Job) -> bool:
     """Run ``recipe`` as agent code of ``rec``, then ``judge`` (the block's check, in the owner's
-    context: None when it holds); whether the block is recovered."""
+    context, judged: True when it holds); whether the block is recovered.
+
+    Each snippet passes the gate as the ``exec_python`` call it was (``source == "recipe"``):
+    ``approve=`` sees it before it runs on this frame, and it is a line of this recovery's
+    ``report.tool_calls``. A snippet that is denied or fails ends the replay.
+    """
+    from crashoverride._security.audit import ApprovalRequest
+    from crashoverride._security.gate import run_agent_code
+
     workspace = rec.workspace
+    owner = rec.code_owner(agent_call)
     for snippet in recipe.snippets:
-        try:
-            await agent_call(functools.partial(workspace.execute, snippet))
-        except Exception as exc:
-            events.emit("info", events.RECIPE_FAILED, error=clip(rec.redact(repr(exc)), 300),
+        raised: list[Exception] = []
+        call = ApprovalRequest(snippet, tool="exec_python", arguments={"statements": snippet},
+                               source="recipe", is_code=True)  # fmt: skip
+        execute = functools.partial(_execute, workspace, agent_call, snippet, raised)
+        ran = await run_agent_code(owner, call, execute)
+        if not ran.ok:
+            why = repr(raised[0]) if raised else ran.approved_by
+            events.emit("info", events.RECIPE_FAILED, error=clip(rec.redact(why), 300),
                       **rec.fields())  # fmt: skip
             return False
     workspace.take_output()
-    return await agent_call(judge) is None
+    return reason(await agent_call(judge)) is None
+
+
+async def _execute(
+    workspace: Any, agent_call: Dispatch, snippet: str, raised: list[Exception]
+) -> tuple[str, bool]:
+    from crashoverride._security.text import describe_result, format_tool_error
+
+    try:
+        value = await agent_call(functools.partial(workspace.execute, snippet))
+    except Exception as exc:
+        raised.append(exc)
+        return format_tool_error(exc, workspace.error), False
+    return describe_result(value, workspace.take_output()), True

@@ -1,1 +1,12 @@
-"""_security."""
+"""What keeps a recovery safe: secrets, redaction, fences, the verdict, the gate, the audit trail.
+
+Modules: ``secrets`` (secrets recognised by their value), ``masking`` (secret-named keys inside
+values), ``redact`` (the redactor: everything that leaves the process passes it), ``text``
+(bounded renderings of exceptions and values), ``brief`` (a brief: trusted text we write,
+and the occurrence's values, always fenced), ``verdict`` (what a check's return value means),
+``audit`` (``ApprovalRequest`` and ``ToolCallRecord``), ``notes`` (notes on the user's exception,
+and the one text for an internal error), ``gate`` (every tool call and every run
+of agent code: approval, execution, audit record; ``exec``/``eval``/``compile`` live here only).
+
+May import: ``_errors``, ``_placement``.
+"""

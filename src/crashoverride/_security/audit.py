@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeAlias
 
 from crashoverride._security.redact import EMPTY, Redacted, clip, fixed
 
@@ -29,7 +29,9 @@ class ApprovalRequest(str):
     Attributes:
         tool: The tool's name.
         arguments: Its arguments as the model sent them (read-only).
-        source: ``"builtin"``, ``"application"`` (``tools=``, handler tools) or ``"mcp"``.
+        source: ``"builtin"``, ``"application"`` (``tools=``, handler tools), ``"mcp"``,
+            ``"handoff"`` (a tool of an agent the run hands off to), ``"recipe"`` (a snippet
+            of a recipe, replayed) or ``"fleet"`` (a fix record, applied here).
         is_code: Whether the call runs its argument as Python code in the process.
     """
 
@@ -85,6 +87,12 @@ class ApprovalRequest(str):
 
 
 BUILTIN = fixed("builtin")
+# What an approver answers: only a true one approves (README, "What a check's result means").
+Approval: TypeAlias = bool | str | None
+Approver: TypeAlias = Callable[[ApprovalRequest], Approval | Awaitable[Approval]]
+"""``approve=``: a sync or async callable given each ``ApprovalRequest``; True approves, a
+string (the reason), False or None denies. One written for snippets, ``(code: str) -> bool``,
+is one too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +105,7 @@ class ToolCallRecord:
         result: The (redacted, truncated) output, or why it did not run.
         ok: Whether it ran and succeeded.
         approved_by: Who approved or denied it (``"not required ..."`` without ``approve=``).
-        source: ``"builtin"``, ``"application"`` (``tools=``) or ``"mcp"``.
+        source: Where the call came from, as ``ApprovalRequest.source``.
     """
 
     # Every text redacted (it reaches the report, events, Sentry, OpenTelemetry).

@@ -5,8 +5,14 @@ follow-up's run all go through ``Gate.call``: ``approve=`` sees each call (its t
 arguments) before it runs, a denied call never runs, and every call, denied ones included, is
 one ``ToolCallRecord`` in ``report.tool_calls`` and one ``*.tool_called`` event.
 
-SDK tools that do not run through a function we can wrap (hosted tools such as web search, a
-computer or shell tool) cannot pass the gate, so a run that is offered one refuses to start.
+The tools of the agents a run hands off to (``Agent.handoffs``, at any depth) are gated the
+same way. SDK tools that do not run through a function we can wrap (hosted tools such as web
+search, a computer or shell tool), a ``Handoff`` (it picks its agent when called) and an agent
+offered as a tool whose agent has tools of its own cannot pass the gate, so a run that is
+offered one refuses to start.
+
+Agent code that is no tool call of a running agent (a recipe replayed on a new frame, a fleet
+fix applied here) passes ``run_agent_code``: the mode first, then the same approval and audit.
 """
 
 from __future__ import annotations
@@ -19,17 +25,38 @@ import linecache
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from types import CodeType
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 from crashoverride._placement.bridge import Dispatch
-from crashoverride._security.audit import ApprovalRequest, ToolCallRecord
+from crashoverride._security.audit import ApprovalRequest, Approver, ToolCallRecord
 from crashoverride._security.redact import Redacted, clip
 from crashoverride._security.text import format_tool_error, render_value
+from crashoverride._security.verdict import judge, raised
 
 NOT_REQUIRED: Final = "not required (no approve= configured)"
+_PLAIN_NO: Final = "denied"  # an approver's no without a reason of its own: "denied by <name>"
 
 Execute = Callable[[], Awaitable[tuple[Any, bool]]]  # -> (output, ok)
+
+# The modes in which agent code may change the process (``_config.settings.MODES``): diagnose is
+# read-only. An allow-list, so a mode added later runs no such code until it is listed here.
+CHANGING_MODES: Final = frozenset({"repair"})
+
+
+def changes_allowed(mode: str) -> bool:
+    """Whether agent code that changes the process (a snippet, a patch) may run in ``mode``."""
+    return mode in CHANGING_MODES
+
+
+class Ran(NamedTuple):
+    """How one gated call went: approved, what it returned (unredacted), whether it succeeded."""
+
+    allowed: bool
+    output: Any
+    ok: bool
+    approved_by: str
 
 
 class _Trail(Protocol):
@@ -43,7 +70,7 @@ class Audited(Protocol):
     the agent layer, never imports it."""
 
     @property
-    def approve(self) -> Callable[[ApprovalRequest], Any] | None: ...
+    def approve(self) -> Approver | None: ...
     @property
     def state(self) -> _Trail: ...
 
@@ -53,7 +80,8 @@ class Audited(Protocol):
     def on_tool(self, record: ToolCallRecord) -> None: ...
 
 
-def _approver_name(approve: Any) -> str:
+def approver_name(approve: Any) -> str:
+    """How ``approved_by`` names an approver."""
     return str(getattr(approve, "__qualname__", None) or type(approve).__name__)
 
 
@@ -75,14 +103,16 @@ class Gate:
         approve = self.job.approve
         if approve is None:
             return True, NOT_REQUIRED
-        name = _approver_name(approve)
+        name = approver_name(approve)
         try:
-            verdict = await self.dispatch(lambda: approve(call))
-        except Exception as exc:
-            return False, f"denied: {name} raised {type(exc).__name__}: {exc}"
-        if isinstance(verdict, str):
-            return False, f"denied by {name}: {verdict}"
-        return (True, f"approved by {name}") if verdict else (False, f"denied by {name}")
+            # Judged in the owner's context too: an answer's truth is the approver's code.
+            said = await self.dispatch(lambda: judge(lambda: approve(call), what="it",
+                                                     default=_PLAIN_NO))  # fmt: skip
+        except Exception as exc:  # the hop to the owner failed: nothing approved the call
+            said = raised("it", exc)
+        if said is True:
+            return True, f"approved by {name}"
+        return False, f"denied by {name}" + ("" if said == _PLAIN_NO else f": {said}")
 
     async def call(self, call: ApprovalRequest, execute: Execute, *, data: bool = True) -> Any:
         """Approve ``call``, run it, record it; what the model sees.
@@ -91,11 +121,20 @@ class Gate:
         model gets it fenced as data. The audit record keeps it unfenced.
         """
         job = self.job
+        allowed, output, _, _ = await self.run(call, execute)
+        if allowed and data:
+            label = f"result of {call.tool}"
+            return _shielded(output, job.redact, lambda part: job.fence(part, label))
+        return job.redact(output) if isinstance(output, str) else output
+
+    async def run(self, call: ApprovalRequest, execute: Execute, *, refused: str = "") -> Ran:
+        """Approve ``call`` (unless ``refused`` says why it may not run), run it, record it."""
         started = time.perf_counter()
-        allowed, approved_by, output, ok = False, "", None, False
+        allowed, approved_by, output, ok = False, refused, None, False
         try:
             async with self.serial:  # one call at a time, in the order the model asked
-                allowed, approved_by = await self.approval(call)
+                if not refused:
+                    allowed, approved_by = await self.approval(call)
                 if allowed:
                     output, ok = await execute()
                 else:
@@ -109,10 +148,7 @@ class Gate:
         if output is None:
             output = ""
         self._record(call, _text_of(output), ok, started, approved_by)
-        if allowed and data:
-            label = f"result of {call.tool}"
-            return _shielded(output, job.redact, lambda part: job.fence(part, label))
-        return job.redact(output) if isinstance(output, str) else output
+        return Ran(allowed, output, ok, approved_by)
 
     def _record(
         self, call: ApprovalRequest, result: str, ok: bool, started: float, by: str
@@ -156,7 +192,7 @@ def _shielded(
     return fence(redact(_text_of(output)))
 
 
-# -- tools that are not ours: application, handler, MCP ------------------------------------------
+# -- tools that are not ours: application, handler, MCP, handoffs -------------------------------
 
 
 def gated(tool: Any, gate: Gate, source: str) -> Any:
@@ -171,6 +207,15 @@ def gated(tool: Any, gate: Gate, source: str) -> Any:
             "function crashoverride can wrap, so it cannot pass approve= and the audit "
             "trail; offer it as a function tool instead"
         )
+    if getattr(tool, "_is_agent_tool", False):  # ``Agent.as_tool()``: a run of another agent
+        runs = getattr(tool, "_agent_instance", None)
+        if runs is None or runs.tools or runs.handoffs or runs.mcp_servers:
+            raise TypeError(
+                f"the {source} tool {tool.name!r} runs the agent "
+                f"{getattr(runs, 'name', '?')!r}, whose own tools would run inside that "
+                "tool, so they cannot pass approve= and the audit trail; offer that agent "
+                "as a handoff instead (its tools are gated)"
+            )
     # The tool itself raises its errors to us (we record them as failed, then format them)...
     inner = set_function_tool_failure_error_function(copy.copy(tool), None)
     invoke = inner.on_invoke_tool
@@ -195,20 +240,104 @@ async def gate_agent(agent: Any, builtin: list[Any], gate: Gate, *, external: bo
     """``agent`` with every tool gated: the built-in ones as they are, the others wrapped.
 
     MCP servers' tools are listed once, here, and offered as gated function tools (the SDK
-    would otherwise call the servers directly). ``external`` False (diagnose mode): only the
-    built-in tools are offered, whatever the factory added.
+    would otherwise call the servers directly). The agents it hands off to are gated the same
+    way, at any depth (their own tools as ``"handoff"``). ``external`` False (diagnose mode):
+    only the built-in tools are offered, and no handoff, whatever the factory added.
     """
     ours = {id(tool) for tool in builtin}
+    return await _gated_agent(agent, ours, gate, external, "application", {})
+
+
+async def _gated_agent(
+    agent: Any, ours: set[int], gate: Gate, external: bool, source: str, made: dict[int, Any]
+) -> Any:
+    done = made.get(id(agent))
+    if done is not None:  # handoffs may lead back to an agent already gated (a cycle)
+        return done
     tools = [tool for tool in agent.tools if id(tool) in ours]
     if external:
-        others = [(tool, "application") for tool in agent.tools if id(tool) not in ours]
+        others = [(tool, source) for tool in agent.tools if id(tool) not in ours]
         if agent.mcp_servers:
             from agents import RunContextWrapper
 
             listed = await agent.get_mcp_tools(RunContextWrapper(context=None))
             others += [(tool, "mcp") for tool in listed]
-        tools += [gated(tool, gate, source) for tool, source in others]
-    return agent.clone(tools=tools, mcp_servers=[])
+        tools += [gated(tool, gate, origin) for tool, origin in others]
+    clone = made[id(agent)] = agent.clone(tools=tools, mcp_servers=[], handoffs=[])
+    if external:
+        clone.handoffs = [await _handed(target, ours, gate, made) for target in agent.handoffs]
+    return clone
+
+
+async def _handed(target: Any, ours: set[int], gate: Gate, made: dict[int, Any]) -> Any:
+    from agents import Agent
+
+    if not isinstance(target, Agent):
+        name = getattr(target, "agent_name", None) or getattr(target, "tool_name", "?")
+        raise TypeError(
+            f"the handoff to {name!r} ({type(target).__name__}) chooses its agent only when it "
+            "is called, so that agent's tools cannot pass approve= and the audit trail; hand "
+            "off to the Agent itself instead"
+        )
+    return await _gated_agent(target, ours, gate, True, "handoff", made)
+
+
+# -- agent code outside an agent's tool calls: recipes replayed, fleet fixes applied ------------
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who answers for agent code run outside an agent's tool calls: the mode, the approver
+    (the handler's, else the application's), how to reach the owner's context (``dispatch``),
+    how to redact, and where the audit lines go (``audit``: a ``*.tool_called`` event;
+    ``trail``: a report's ``tool_calls``, when there is a report)."""
+
+    mode: str
+    approve: Approver | None
+    dispatch: Dispatch
+    redact: Callable[[str], Redacted]
+    audit: Callable[[ToolCallRecord], None]
+    trail: list[ToolCallRecord] | None = None  # None: no report (an eager application)
+
+
+class _Outside:
+    """An ``Owner`` as the gate sees a run (``Audited``); its output goes to no model."""
+
+    def __init__(self, owner: Owner) -> None:
+        self._owner = owner
+        self.records = owner.trail if owner.trail is not None else []
+
+    @property
+    def approve(self) -> Approver | None:
+        return self._owner.approve
+
+    @property
+    def state(self) -> _Trail:
+        return self
+
+    def redact(self, text: str) -> Redacted:
+        return self._owner.redact(text)
+
+    def fence(self, text: str, label: str) -> str:
+        return text
+
+    def on_tool(self, record: ToolCallRecord) -> None:
+        self._owner.audit(record)
+
+
+async def run_agent_code(owner: Owner, call: ApprovalRequest, execute: Execute) -> Ran:
+    """Run agent-derived code that is no tool call of a running agent, through the gate.
+
+    The mode first (in a read-only mode nothing runs), then ``approve=``, then ``execute``;
+    every call, refused ones included, leaves its ``ToolCallRecord``.
+    """
+    refused = ""
+    if not changes_allowed(owner.mode):
+        refused = (
+            f"refused: {owner.mode} mode is read-only (agent code that changes the process "
+            "never runs in it)"
+        )
+    return await Gate(_Outside(owner), owner.dispatch).run(call, execute, refused=refused)
 
 
 # -- agent code: compiled and run here, and nowhere else ----------------------------------------

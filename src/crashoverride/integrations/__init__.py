@@ -1,1 +1,11 @@
-"""Framework integrations (installed as ``crashoverride.integrations``)."""
+"""Framework integrations, written against the public contract only.
+
+Modules: ``asgi`` (``CrashOverrideMiddleware`` for Starlette/FastAPI; a subpackage: ``_after``
+for failures after the response started, ``_block`` for what a failed request looks like to
+the recovery, ``_exchange`` for one HTTP exchange, ``_options`` for option checks),
+``asyncio`` (recovered tasks and task groups), ``celery`` (recovered tasks, follow-ups as a
+Celery task).
+
+May import: ``crashoverride``, ``crashoverride.integration``, ``crashoverride.followups``
+(public names only; ``tests/architecture/test_layering.py`` checks it).
+"""

@@ -43,21 +43,21 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 TASK_BRIEF = """\
-This is the task `{name}`, a coroutine running concurrently with other tasks, which keep running
-while you work. The coroutine has ended; its locals are readable through `caller`; `args` and
-`kwargs` are its arguments. Finish it in one of two ways: `set_result(value)` to make the task
-return that value, or, after repairing the code, `rerun()` to have the coroutine function called
-once more with the same arguments when you finish. A rerun repeats everything the coroutine did
-before it failed: if that includes a side effect (a charge, a message, a write), finish the
-remaining work yourself and use `set_result`. If neither is right, call give_up: the task then
-fails exactly as it would have."""
+This is the task shown above (`task`), a coroutine running concurrently with other tasks, which
+keep running while you work. The coroutine has ended; its locals are readable through `caller`;
+`args` and `kwargs` are its arguments. Finish it in one of two ways: `set_result(value)` to make
+the task return that value, or, after repairing the code, `rerun()` to have the coroutine
+function called once more with the same arguments when you finish. A rerun repeats everything
+the coroutine did before it failed: if that includes a side effect (a charge, a message, a
+write), finish the remaining work yourself and use `set_result`. If neither is right, call
+give_up: the task then fails exactly as it would have."""
 
 COROUTINE_BRIEF = """\
-This is the task `{name}`, a coroutine running concurrently with other tasks, which keep running
-while you work. The coroutine has ended; its locals are readable through `caller`. Finish it with
-`set_result(value)` to make the task return that value. A coroutine object runs only once, so
-`rerun()` is not available; still repair the code so later tasks succeed. If no trustworthy
-value can be produced, call give_up: the task then fails exactly as it would have."""
+This is the task shown above (`task`), a coroutine running concurrently with other tasks, which
+keep running while you work. The coroutine has ended; its locals are readable through `caller`.
+Finish it with `set_result(value)` to make the task return that value. A coroutine object runs
+only once, so `rerun()` is not available; still repair the code so later tasks succeed. If no
+trustworthy value can be produced, call give_up: the task then fails exactly as it would have."""
 
 
 def task(app: CrashOverride, prompt: str = "", **options: Any) -> TaskHandler:
@@ -171,7 +171,7 @@ def _call_block(
     name = getattr(func, "__qualname__", repr(func))
     return integration.call_block(
         func, args, kwargs, exc, postcondition=postcondition, kind="task",
-        brief=TASK_BRIEF.format(name=name), fields=_task_fields(name),
+        brief=integration.Brief(TASK_BRIEF, task=name), fields=_task_fields(name),
     )  # fmt: skip
 
 
@@ -197,8 +197,9 @@ def _coroutine_block(
             return "the agent finished without set_result()"
         state.result = chosen["value"]
         if postcondition is None:
-            return None
-        return integration.judge(lambda: postcondition(integration.result_view(state.result)))
+            return True
+        view = integration.result_view(state.result)
+        return integration.judge(lambda: postcondition(view), what="the postcondition")
 
     return integration.Block(
         kind="task",
@@ -207,7 +208,7 @@ def _coroutine_block(
         # The coroutine has ended: its locals are for reading; the result is set explicitly.
         caller=MappingProxyType(dict(frame.f_locals)) if frame is not None else None,
         bindings={"set_result": set_result, "rerun": rerun, "coroutine": coro},
-        brief=COROUTINE_BRIEF.format(name=name),
+        brief=integration.Brief(COROUTINE_BRIEF, task=name),
         check=check,
         fields=_task_fields(name),
     )

@@ -60,14 +60,16 @@ FOLLOWUP_QUEUE = "crashoverride.followups"
 CONF_INSTANCE = "crashoverride"
 CONF_QUEUE = "crashoverride_followup_queue"
 
+# The task's name, id and retry count are values (fenced): whoever sends a task chooses its id.
 CELERY_BRIEF = """\
-This is the Celery task `{name}` (id {id}, retries so far: {retries}), running in a worker.
-`request` holds its request (id, name, args, kwargs, retries, delivery_info) and `task` the task
-object. The task body has ended; its locals are readable through `caller`. Finish in one of two
-ways: `set_result(value)` (the task returns it and the result backend stores it), or, after
-repairing the code, `rerun()` to run the body once more with the same arguments. A task can be
-delivered more than once: check for side effects of earlier attempts before redoing anything. If
-neither is right, call give_up: the task then fails as usual and Celery's retry rules apply."""
+This is the Celery task shown above (its `task` name, `task_id` and `retries` so far), running
+in a worker. `request` holds its request (id, name, args, kwargs, retries, delivery_info) and
+`task` the task object. The task body has ended; its locals are readable through `caller`.
+Finish in one of two ways: `set_result(value)` (the task returns it and the result backend
+stores it), or, after repairing the code, `rerun()` to run the body once more with the same
+arguments. A task can be delivered more than once: check for side effects of earlier attempts
+before redoing anything. If neither is right, call give_up: the task then fails as usual and
+Celery's retry rules apply."""
 
 
 def _control_flow() -> tuple[type[BaseException], ...]:
@@ -186,7 +188,9 @@ class CrashOverrideTask(celery.Task):  # type: ignore[misc]
             body, args, kwargs, exc,
             postcondition=handler.settings.postcondition,
             kind="celery_task",
-            brief=CELERY_BRIEF.format(name=self.name, id=request["id"], retries=request["retries"]),
+            brief=integration.Brief(
+                CELERY_BRIEF, task=self.name, task_id=request["id"], retries=request["retries"]
+            ),
             fields={"task": self.name, "task_id": request["id"]},
             bindings={"request": request, "task": self},
         )  # fmt: skip

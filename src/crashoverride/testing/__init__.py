@@ -10,13 +10,15 @@ model turn::
 
 The same steps drive ``MockServer`` (chat completions on loopback, streaming or not, with
 faults), which can also replay or record a ``Cassette``. The pytest plugin
-(``crashoverride.testing.plugin``) provides fixtures over all of this.
+(``crashoverride.testing.plugin``) provides fixtures over all of this. After a recovery,
+``tool_outputs(model)`` lists the tool results the scripted model was sent.
 
 Nothing here imports the Agents SDK until a ``ScriptedModel`` is built.
 """
 
 from __future__ import annotations
 
+from crashoverride.testing._calls import tool_outputs
 from crashoverride.testing._cassette import Cassette, CassetteError, CassetteMismatch
 from crashoverride.testing._http import ReceivedRequest
 from crashoverride.testing._server import MockServer
@@ -36,6 +38,7 @@ from crashoverride.testing._steps import (
     inspect_python,
     junk_arguments,
     malformed,
+    output_items,
     rate_limited,
     script,
     spawn_followup,
@@ -64,9 +67,11 @@ __all__ = [
     "inspect_python",
     "junk_arguments",
     "malformed",
+    "output_items",
     "rate_limited",
     "script",
     "spawn_followup",
     "tool_call",
+    "tool_outputs",
     "unknown_tool",
 ]

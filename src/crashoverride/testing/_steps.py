@@ -240,7 +240,7 @@ def _with_id(item: Item, counter: Iterator[int]) -> Item:
 
 def scripted_model(turns: list[Turn]) -> Any:
     """Build a ``ScriptedModel`` whose calls return ``turns`` in order."""
-    from agents.testing import ScriptedModel, assistant_message, function_call
+    from agents.testing import ScriptedModel
 
     steps: list[list[Any]] = []
     for index, turn in enumerate(turns, 1):
@@ -250,12 +250,47 @@ def scripted_model(turns: list[Turn]) -> Any:
                 f"turn {index}: faults ({turn.fault.kind}) need the wire: serve the script "
                 "with MockServer instead of a ScriptedModel"
             )
-        output: list[Any] = []
-        for position, item in enumerate(turn.items):
-            if isinstance(item, ToolCall):
-                assert item.call_id is not None
-                output.append(function_call(item.name, item.arguments, call_id=item.call_id))
-            elif isinstance(item, Message):
-                output.append(assistant_message(item.text, item_id=f"msg_{index}_{position}"))
-        steps.append(output)
+        steps.append(_sdk_items(turn.items, str(index)))
     return ScriptedModel(steps)
+
+
+_fresh = itertools.count(1)
+
+
+def output_items(step: Item | Sequence[Item]) -> list[Any]:
+    """One turn as the Agents SDK's output items, for the SDK's own ``ModelStep`` features.
+
+    For what a ``Script`` does not cover: a turn chosen from the call (``ModelStep.respond``)
+    or one reporting token usage (``ModelStep(output=..., usage=...)``)::
+
+        model = script()
+        model.enqueue(ModelStep(output=output_items(done("ok")), usage=Usage(input_tokens=9)))
+
+    Tool calls without a ``call_id`` get a fresh one (``turn_1``, ``turn_2``... over the
+    process), which cannot collide with a ``Script``'s ``call_N`` ids in the same model.
+    """
+    _check_step(step)
+    if isinstance(step, Fault):
+        raise TypeError(f"faults ({step.kind}) need the wire: serve them with MockServer")
+    items = (step,) if isinstance(step, ToolCall | Message) else tuple(step)
+    number = next(_fresh)
+    fresh = (
+        replace(item, call_id=f"turn_{number}_{position}")
+        if isinstance(item, ToolCall) and item.call_id is None
+        else item
+        for position, item in enumerate(items)
+    )
+    return _sdk_items(tuple(fresh), f"turn_{number}")
+
+
+def _sdk_items(items: tuple[Item, ...], tag: str) -> list[Any]:
+    from agents.testing import assistant_message, function_call
+
+    output: list[Any] = []
+    for position, item in enumerate(items):
+        if isinstance(item, ToolCall):
+            assert item.call_id is not None
+            output.append(function_call(item.name, item.arguments, call_id=item.call_id))
+        else:
+            output.append(assistant_message(item.text, item_id=f"msg_{tag}_{position}"))
+    return output

@@ -57,7 +57,6 @@ from crashoverride.integrations.asgi._exchange import (
     Scope,
     Send,
     cancel_pending,
-    failed_internally,
     outranking,
     send_response,
 )
@@ -237,12 +236,12 @@ class CrashOverrideMiddleware:
             else:
                 outcome = await self._recover(exc, exchange)
         except Exception as problem:  # imports included; ExceptionGroups of task groups too
-            failed_internally(exc, problem)
+            integration.internal_failure(self.handler, exc, problem)
             return None
         except BaseExceptionGroup as group:
             member = outranking(group)
             if member is None:
-                failed_internally(exc, group)
+                integration.internal_failure(self.handler, exc, group)
                 return None
             raise member from None
         except anyio.get_cancelled_exc_class():

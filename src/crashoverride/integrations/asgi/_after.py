@@ -41,12 +41,21 @@ from crashoverride.integrations.asgi._exchange import CapturedResponse, cancel_p
 # Names listed in a brief, an event or a note: a response may queue any number of tasks.
 _MAX_NAMES = 20
 
+# The briefs' parts are fixed here; what the request and the queue brought (the method and
+# path, the task's name, the names queued after it) are values, fenced.
 BACKGROUND_BRIEF = """\
-This is the background task `{name}`, queued by the response to {method} {path} and run by
-Starlette after that response was sent: the client already has its whole answer, and nothing
-you do changes it. `function` is the queued callable, `args` and `kwargs` its arguments; it ran
-{where}. The call has ended; its locals are readable through `caller`.
-{after}
+This is the background task shown above (`task`), queued by the response to the request shown
+above (`request`) and run by Starlette after that response was sent: the client already has its
+whole answer, and nothing you do changes it. `function` is the queued callable, `args` and
+`kwargs` its arguments. The call has ended; its locals are readable through `caller`."""
+RAN_ON_LOOP = "It ran on the event loop."
+RAN_IN_THREAD = "It ran in the thread pool."
+QUEUED_AFTER = (
+    "The tasks shown above (`queued_after`) were queued after it, and run in order only once it "
+    "is recovered."
+)
+NOTHING_AFTER = "No other background task is queued after it."
+BACKGROUND_FINISH = """\
 The failed attempt may have done part of its work (a message sent, a row written): check before
 running it again, and never do a non-idempotent effect twice. Finish in one of two ways:
 - after repairing the code, `rerun()`: the queued callable is called once more, with the same
@@ -55,14 +64,20 @@ running it again, and never do a non-idempotent effect twice. Finish in one of t
   not change what runs.
 - `set_result(None)` if you did its work yourself and verified it.
 If neither is right, call give_up(reason): the exception is then raised as it would have been
-without crashoverride{dropped}."""
+without crashoverride."""
+DROPPED = "If you give up, the tasks queued after it are dropped."
 
 STREAM_BRIEF = """\
-This block is the HTTP request {method} {target} in an ASGI application. It raised AFTER its
-response had already started: part of it is with the client, the rest can never be sent, and
+This block is the HTTP request shown above (`request`) in an ASGI application. It raised AFTER
+its response had already started: part of it is with the client, the rest can never be sent, and
 the client sees it cut short whatever you do. Your job is the code, so that later requests work.
-`request` describes it (method, path, query, headers with secrets masked, body, json()).
-{side_effects}
+`request` describes it (method, path, query, headers with secrets masked, body, json())."""
+STREAM_SAFE = "Its method is a safe one: replaying it has no side effects to fear."
+STREAM_UNSAFE = (
+    "Its method is not a safe one: a replay performs its side effects again. Check what the "
+    "failed attempt already did first."
+)
+STREAM_FINISH = """\
 Postcondition: the code is repaired, and a replay shows it: after patching the failing function
 in its module (e.g. with a `global` statement or setattr on the module), `r = await
 replay_request()` runs the request again through the application and captures its response,
@@ -207,23 +222,11 @@ class BackgroundRecovery:
             func = func.func
         name = _callable_name(func)
         after = task_names(queued.after)
-        shown = ", ".join(f"`{n}`" for n in after)
-        brief = BACKGROUND_BRIEF.format(
-            name=name,
-            method=self.fields.get("method", ""),
-            path=self.fields.get("path", ""),
-            where="on the event loop" if is_async else "in the thread pool",
-            after=(
-                f"Queued after it, and run in order only once it is recovered: {shown}."
-                if after
-                else "No other background task is queued after it."
-            ),
-            dropped=", and the tasks queued after it are dropped" if after else "",
-        )
         fields = {**self.fields, "background_task": name, "remaining_tasks": after}
         block = integration.call_block(
-            func, args, kwargs, exc, kind="task", brief=brief, fields=fields
-        )
+            func, args, kwargs, exc, kind="task", fields=fields,
+            brief=_background_brief(name, after, is_async, self.fields),
+        )  # fmt: skip
         if not is_async:
             # Starlette runs a sync background function in the thread pool; so does the re-run
             # (and a single-flight waiter's): never on the event loop, which it would block.
@@ -232,6 +235,21 @@ class BackgroundRecovery:
             )
             block.check, block.replay = threaded.check, threaded.replay
         return block
+
+
+def _background_brief(
+    name: str, after: list[str], is_async: bool, fields: dict[str, Any]
+) -> integration.Brief:
+    return integration.Brief(
+        BACKGROUND_BRIEF,
+        RAN_ON_LOOP if is_async else RAN_IN_THREAD,
+        QUEUED_AFTER if after else NOTHING_AFTER,
+        BACKGROUND_FINISH,
+        DROPPED if after else "",
+        task=name,
+        request=f"{fields.get('method', '')} {fields.get('path', '')}",
+        **({"queued_after": ", ".join(after)} if after else {}),
+    )
 
 
 async def _nothing() -> None:
@@ -270,17 +288,14 @@ class StreamRepair(RequestRecovery):
             "and verify it with `await replay_request()`"
         )
 
-    def check(self, _: Any) -> str | None:
-        return None if self.response is not None else NOT_VERIFIED
+    def check(self, _: Any) -> bool | str:
+        return True if self.response is not None else NOT_VERIFIED
 
-    def brief(self) -> str:
+    def brief(self) -> integration.Brief:
         info = self.info
-        if info.method in SAFE_METHODS:
-            effects = f"{info.method} is a safe method: replaying it has no side effects to fear."
-        else:
-            effects = (
-                f"{info.method} is not a safe method: a replay performs its side effects again. "
-                "Check what the failed attempt already did first."
-            )
-        target = info.path + ("?" + info.query if info.query else "")
-        return STREAM_BRIEF.format(method=info.method, target=target, side_effects=effects)
+        return integration.Brief(
+            STREAM_BRIEF,
+            STREAM_SAFE if info.method in SAFE_METHODS else STREAM_UNSAFE,
+            STREAM_FINISH,
+            request=f"{info.method} {info.target}",
+        )

@@ -12,7 +12,15 @@ from collections.abc import Callable, Iterable, Mapping
 from types import FrameType, MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from crashoverride.integration import MASK, Block, clip, is_secret_name, mask_fields, mask_query
+from crashoverride.integration import (
+    MASK,
+    Block,
+    Brief,
+    clip,
+    is_secret_name,
+    mask_fields,
+    mask_query,
+)
 from crashoverride.integrations.asgi._exchange import ASGIApp, CapturedResponse, Exchange, replay
 
 if TYPE_CHECKING:
@@ -20,6 +28,56 @@ if TYPE_CHECKING:
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 IDEMPOTENT_METHODS = SAFE_METHODS | {"PUT", "DELETE"}
+
+# The brief of a failed request. Its parts are fixed here; the method and target the client
+# sent are values, fenced: a known method is named by the note chosen for it, never echoed.
+REQUEST_BRIEF = """\
+This block is the HTTP request shown above, in an ASGI application. It raised before
+any part of the response was sent. Execution does not resume inside the endpoint: the client
+receives the response you produce, or the application's normal 500 error if you produce none.
+`request` describes it (method, path, query, headers with secrets masked, body, json())."""
+
+METHOD_NOTES = {
+    **{m: f"{m} is a safe method: replaying it has no side effects to fear." for m in SAFE_METHODS},
+    **{
+        m: f"{m} is idempotent but not safe: the failed attempt may already have changed state; "
+        "replaying it should converge to the same state."
+        for m in IDEMPOTENT_METHODS - SAFE_METHODS
+    },
+    **{
+        m: f"{m} is NOT idempotent: the failed attempt may already have performed side effects "
+        "(a write, a charge, a message). Check what happened before replaying; a replay "
+        "performs them again."
+        for m in ("POST", "PATCH", "CONNECT")
+    },
+}
+UNKNOWN_METHOD_NOTE = (
+    "Its method (in `request` above) is not a standard one, so it is NOT idempotent: the failed "
+    "attempt may already have performed side effects (a write, a charge, a message). Check what "
+    "happened before replaying; a replay performs them again."
+)
+
+BODY_NOTES = {
+    "not replayable": "The request body is NOT replayable (larger than max_replay_body, shown "
+    "above, of unknown length, or the client stopped sending it): replay_request() will fail; "
+    "answer with respond(...) or give up.",
+    "unread": "The app had not read the whole request body; it is being read now and will be "
+    "replayable if it fits in max_replay_body (shown above).",
+    "kept": "The request body (its size is shown above) is kept: the request is replayable.",
+}
+
+REQUEST_FINISH = """\
+Postcondition: a trustworthy response was produced, in one of two ways:
+- Repair the code first (patch the failing function in its module, e.g. with a `global`
+  statement or setattr on the module, so later requests work too), then
+  `r = await replay_request()`: the request runs again through the application and its
+  response is captured, not sent (r.status, r.headers, r.text, r.json()). The last successful
+  replay is what the client receives; check it is right.
+- `respond(status, body, headers=None, media_type=None)` sets the response directly (body:
+  bytes, str, or a JSON-serialisable value). Only with data from a real source, or an honest
+  error status (e.g. 503); never invent content.
+`spawn_background(async_fn)` runs follow-up work after the response, in the app's lifespan.
+If no trustworthy response is possible, call give_up(reason)."""
 
 NO_RESPONSE = (
     "no response was produced: after repairing, `await replay_request()` to capture the "
@@ -150,8 +208,8 @@ class RequestRecovery:
         """Single-flight: another request's recovery of this failure succeeded; try again."""
         return await replay(self.app, self.exchange)
 
-    def check(self, _: Any) -> str | None:
-        return None if self.response is not None else NO_RESPONSE
+    def check(self, _: Any) -> bool | str:
+        return True if self.response is not None else NO_RESPONSE
 
     def spawn_unavailable(self, fn: Any, name: str | None = None) -> str:
         if hasattr(fn, "close"):
@@ -188,8 +246,6 @@ class RequestRecovery:
                 "endpoint": endpoint,
             },
             brief=self.brief(),
-            # The client chose the target (a decoded path may hold line breaks): data, not brief.
-            data={"request": f"{self.info.method} {self.info.target}"},
             check=self.check,
             replay=self.replay_for_waiter,
             fields=self.fields,
@@ -200,55 +256,23 @@ class RequestRecovery:
     def why_cancelled(self) -> str | None:
         return "the client disconnected" if self.exchange.disconnected else None
 
-    def brief(self) -> str:
-        info = self.info
-        if info.method in SAFE_METHODS:
-            method = f"{info.method} is a safe method: replaying it has no side effects to fear."
-        elif info.method in IDEMPOTENT_METHODS:
-            method = (
-                f"{info.method} is idempotent but not safe: the failed attempt may already have "
-                "changed state; replaying it should converge to the same state."
-            )
-        else:
-            method = (
-                f"{info.method} is NOT idempotent: the failed attempt may already have performed "
-                "side effects (a write, a charge, a message). Check what happened before "
-                "replaying; a replay performs them again."
-            )
+    def brief(self) -> Brief:
+        method = self.info.method
         replayable = self.exchange.replayable
-        limit = self.exchange.limit
-        if replayable is False:
-            body = (
-                "The request body is NOT replayable (larger than max_replay_body = "
-                f"{limit} bytes, of unknown length, or the client stopped sending it): "
-                "replay_request() will fail; answer with respond(...) or give up."
-            )
-        elif replayable is None:
-            body = (
-                "The app had not read the whole request body; it is being read now and will be "
-                f"replayable if it fits in max_replay_body = {limit} bytes."
-            )
-        else:
-            size = self.exchange.size
-            body = f"The request body ({size} bytes) is kept: the request is replayable."
-        return f"""\
-This block is the HTTP request shown above, in an ASGI application. It raised before
-any part of the response was sent. Execution does not resume inside the endpoint: the client
-receives the response you produce, or the application's normal 500 error if you produce none.
-`request` describes it (method, path, query, headers with secrets masked, body, json()).
-{method}
-{body}
-Postcondition: a trustworthy response was produced, in one of two ways:
-- Repair the code first (patch the failing function in its module, e.g. with a `global`
-  statement or setattr on the module, so later requests work too), then
-  `r = await replay_request()`: the request runs again through the application and its
-  response is captured, not sent (r.status, r.headers, r.text, r.json()). The last successful
-  replay is what the client receives; check it is right.
-- `respond(status, body, headers=None, media_type=None)` sets the response directly (body:
-  bytes, str, or a JSON-serialisable value). Only with data from a real source, or an honest
-  error status (e.g. 503); never invent content.
-`spawn_background(async_fn)` runs follow-up work after the response, in the app's lifespan.
-If no trustworthy response is possible, call give_up(reason)."""
+        body = "kept" if replayable else ("unread" if replayable is None else "not replayable")
+        return Brief(
+            REQUEST_BRIEF,
+            METHOD_NOTES.get(method, UNKNOWN_METHOD_NOTE),
+            BODY_NOTES[body],
+            REQUEST_FINISH,
+            # The client chose the target (a decoded path may hold line breaks) and the method.
+            request=f"{method} {self.info.target}",
+            **(
+                {"body_bytes": self.exchange.size}
+                if replayable
+                else {"max_replay_body": self.exchange.limit}
+            ),
+        )
 
 
 def request_fields(exchange: Exchange, request_id_header: bytes | None) -> dict[str, Any]:

@@ -13,8 +13,6 @@ from typing import Any
 
 import anyio
 
-from crashoverride import integration
-
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -338,16 +336,3 @@ def outranking(group: BaseExceptionGroup[BaseException]) -> BaseException | None
         elif found is None and isinstance(current, cancelled):
             found = current
     return found
-
-
-def failed_internally(exc: BaseException, problem: BaseException) -> None:
-    """crashoverride broke while handling ``exc``: say so on it (it is re-raised) and log it."""
-    integration.note(exc, f"crashoverride: failed internally, the original exception is "
-                     f"re-raised: {problem!r}")  # fmt: skip
-    try:
-        integration.emit(
-            "error", integration.RECOVERY_FAILED, reason=f"internal error: {problem!r}",
-            exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
-        )  # fmt: skip
-    except Exception:
-        pass  # the note says it already; a broken log must not cost the request a second time
