@@ -25,7 +25,7 @@ from benchmarks._common import Row, row
 
 ROOT = Path(__file__).resolve().parent.parent
 # Files whose lines are secrets planted on purpose (true positives, not false ones).
-_PLANTING = {"test_secrets.py", "test_secrets_planted.py", "test_redact.py", "_secrets.py"}
+_PLANTING = {"test_secrets.py", "test_secrets_planted.py", "test_redact.py", "secrets.py"}
 
 
 def _frame_locals() -> dict[str, Any]:
@@ -47,7 +47,7 @@ def _prompt() -> str:
         json.loads("{" + "x" * 50)
     except ValueError as exc:
         traceback_text = format_traceback(exc)
-    source = (ROOT / "crashoverride" / "_pipeline.py").read_text()
+    source = (ROOT / "src" / "crashoverride" / "_core" / "pipeline.py").read_text()
     return "\n\n".join([traceback_text, summarize_locals(_frame_locals()), source[:8_000]])
 
 
@@ -90,7 +90,7 @@ def _recovery_cost(detect: bool) -> float:
 
 def _source_lines() -> list[str]:
     lines: list[str] = []
-    for folder in ("crashoverride", "integrations", "tests", "benchmarks", "examples"):
+    for folder in ("src", "tests", "benchmarks", "examples"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             if path.name not in _PLANTING:
                 lines.extend(line for line in path.read_text().splitlines() if line.strip())

@@ -29,7 +29,7 @@ Never put what the message, request or task brought into the text: only a value 
 
 ``recover`` / ``arecover`` never raise for a failure of crashoverride's own: they return None
 and the caller re-raises the user's exception. The recovery algorithm itself lives in
-``crashoverride/_pipeline.py``.
+``src/crashoverride/_core/pipeline.py``.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ GATED: Final[dict[tuple[str, str], str]] = {
     ("crashoverride._agent.run", "_run"): "gate_agent",  # the agent and its handoffs
     ("crashoverride._repair.recipes", "replay"): "run_agent_code",  # recipe replays
     ("crashoverride._fleet.records", "receive"): "run_agent_code",  # fleet fixes
-    # A follow-up is the same pipeline, hence the same agent run (``_run``) and gate.
+    # A follow-up is the same pipeline, hence the same agent run (``_core.followup``) and gate.
     ("crashoverride._core.followup", "run_job"): "pipeline.run",
 }
 

@@ -145,7 +145,7 @@ def test_tool_errors_reach_the_model_as_tracebacks() -> None:
     (output,) = tool_outputs(model)
     assert "ZeroDivisionError: division by zero" in output
     assert "<crashoverride-" in output  # the agent's own code, with its line
-    assert "_bridge.py" not in output  # our plumbing is not shown
+    assert "_placement/bridge.py" not in output  # our plumbing is not shown
     assert "During handling" not in output  # the original, already in the prompt, not repeated
 
 

@@ -1,12 +1,12 @@
-"""Coordination: the one pluggable piece of admission (steps 1-2 of ``_pipeline``).
+"""Coordination: the one pluggable piece of admission (steps 1-2 of ``_core.pipeline``).
 
 It answers two questions for a failure the pipeline is about to recover: may a recovery run
 (the breaker), and who runs the agent for this fingerprint (single-flight). The in-process
-backend (the default) answers from ``_limits``; the fleet backend (``_fleet``, built from a
-``RedisCoordination``) first asks the in-process one, so that one failure per process at most
-talks to Redis, then coordinates that one with the other processes.
+backend (the default) answers from ``_admission.limits``; the fleet backend (``_fleet.backend``,
+built from a ``RedisCoordination``) first asks the in-process one, so that one failure per process
+at most talks to Redis, then coordinates that one with the other processes.
 
-Everything else (the slot, the agent run, the verdict, the outcome) stays in ``_pipeline``:
+Everything else (the slot, the agent run, the verdict, the outcome) stays in ``_core.pipeline``:
 a backend never runs an agent, it only says who does, and after the outcome (``land``) tells
 whoever waits elsewhere.
 """
@@ -59,7 +59,7 @@ class Coordination(Protocol):
 
 
 class InProcess:
-    """Today's behaviour: the breaker and single-flight of this process (``_limits``)."""
+    """Today's behaviour: the breaker and single-flight of this process (``_admission.limits``)."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits

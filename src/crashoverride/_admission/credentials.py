@@ -1,6 +1,6 @@
 """Whether a model can be reached at all: the pipeline's first admission check (and doctor's).
 
-Kept apart from ``_agent`` on purpose: asking must not import the SDK, the agent machinery or
+Kept apart from ``_agent.run`` on purpose: asking must not import the SDK, the agent machinery or
 anyio, so that a recovery refused for want of credentials ends in milliseconds.
 """
 

@@ -2,7 +2,8 @@
 
 One ``CrashOverride`` serves threads, several event loops and trio at once, so nothing here is
 bound to a loop: state sits behind a ``threading.Lock`` and every wait is a
-``concurrent.futures.Future`` that sync code blocks on and async code awaits (see ``_bridge``).
+``concurrent.futures.Future`` that sync code blocks on and async code awaits (see
+``_placement.bridge``).
 """
 
 from __future__ import annotations

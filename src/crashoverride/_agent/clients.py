@@ -157,7 +157,7 @@ def build(base_url: str | None, api_key: str) -> AsyncOpenAI:
     )
     # The API resource is imported on first access (30-100 ms the first time in a process):
     # touch the one the run will use here rather than on the loop. The run speaks chat
-    # completions to a ``base_url`` and the Responses API to OpenAI (see ``_agent``).
+    # completions to a ``base_url`` and the Responses API to OpenAI (see ``_agent.run``).
     _ = client.chat.completions if base_url is not None else client.responses
     return client
 

@@ -101,7 +101,7 @@ class Workspace:
         self.globals = globals_
         self.caller = caller
         # When set (by the recovery), synchronous agent code still running at this
-        # ``time.monotonic()`` deadline is interrupted (see ``_watchdog``).
+        # ``time.monotonic()`` deadline is interrupted (see ``_placement.watchdog``).
         self.deadline: float | None = None
         self._output = io.StringIO()
         self.scratch: dict[str, Any] = {

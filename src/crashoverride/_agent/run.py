@@ -165,7 +165,8 @@ def _user_tools(settings: Settings) -> list[Any]:
         from agents import function_tool
 
         built = _USER_TOOLS[settings] = tuple(
-            # An SDK tool object (it has a ``name``) as it is; ``_gate`` wraps or refuses it.
+            # An SDK tool object (it has a ``name``) as it is; ``_security.gate`` wraps or refuses
+            # it.
             tool
             if isinstance(getattr(tool, "name", None), str)
             else function_tool(tool, failure_error_function=tool_failure)
@@ -222,7 +223,7 @@ async def _run(
     try:
         gate = Gate(job, dispatch)
         builtin = agent_tools(job, gate)
-        # Diagnose mode: no tool the application brings (see ``_toolbox.EXTERNAL_MODES``).
+        # Diagnose mode: no tool the application brings (see ``_agent.toolbox.EXTERNAL_MODES``).
         external = job.mode in EXTERNAL_MODES
         agent_kwargs: dict[str, Any] = {
             "name": "crashoverride",

@@ -1,7 +1,7 @@
-"""The registry's tools (``_toolbox``) as Agents SDK tools for one run, behind the gate.
+"""The registry's tools (``_agent.toolbox``) as Agents SDK tools for one run, behind the gate.
 
-Every call goes through ``_gate.Gate``: ``approve=`` sees it first (a snippet as its code, any
-other tool as ``name(arg=value)``), a denial is what the model sees, and every call is recorded
+Every call goes through ``_security.gate.Gate``: ``approve=`` sees it first (a snippet as its code,
+any other tool as ``name(arg=value)``), a denial is what the model sees, and every call is recorded
 (``ToolCallRecord``) and reported through ``job.on_tool``.
 
 The SDK's ``function_tool`` derives a tool's JSON schema and argument model from a function

@@ -3,14 +3,14 @@
 Every built-in tool is one ``Tool`` entry below: its name, parameters, the description the model
 sees, its class, the modes that offer it and its implementation. Everything else is derived:
 
-- the SDK ``FunctionTool`` and its JSON schema (``_agent_tools``; the schema once per process),
-- the tool list in the system prompt (``_prompt``, via ``tool_lines``),
-- what the approver sees and whether the result is fenced as data (``Kind``; ``_agent_tools``),
+- the SDK ``FunctionTool`` and its JSON schema (``_agent.sdk_tools``; the schema once per process),
+- the tool list in the system prompt (``_agent.prompt``, via ``tool_lines``),
+- what the approver sees and whether the result is fenced as data (``Kind``; ``_agent.sdk_tools``),
 - the ``crashoverride.testing`` steps (``_steps``, via ``Tool.arguments``).
 
 ``Helper`` entries document the names the agent's Python code can use (``set_result``,
 ``replace_function``, ``caller``...); the prompt's text about them comes from here. They are
-bound by ``_prepare``; ``tests/agent/test_toolbox.py`` checks the two agree.
+bound by ``_core.prepare``; ``tests/agent/test_toolbox.py`` checks the two agree.
 
 This module imports neither the SDK nor the rest of the package: ``crashoverride.testing`` and
 the prompt read it without paying for either.
@@ -50,8 +50,9 @@ class Kind(enum.Enum):
         return self in (Kind.AGENT_CODE, Kind.INSPECTION)
 
 
-# Every call of every tool, of every kind, passes ``approve=`` (``_gate``): read-only snippets
-# too (the reviewer decides what it trusts, not our read-only check), give_up and follow-ups too.
+# Every call of every tool, of every kind, passes ``approve=`` (``_security.gate``): read-only
+# snippets too (the reviewer decides what it trusts, not our read-only check), give_up and
+# follow-ups too.
 
 # The modes that offer tools the application brings (``tools=``, handler tools, MCP servers).
 # Not diagnose: its guarantee is a property of how ``inspect_python`` runs, and a tool that
@@ -63,7 +64,7 @@ Outcome = tuple[str, bool]  # (text for the model, whether the call succeeded)
 
 
 class ToolRun(Protocol):
-    """What an implementation may use in one agent run (``_agent_tools`` provides it)."""
+    """What an implementation may use in one agent run (``_agent.sdk_tools`` provides it)."""
 
     async def snippet(self, work: Callable[[Workspace], Any]) -> Outcome:
         """Run ``work`` in the owner's context (the gate approved and records the call)."""

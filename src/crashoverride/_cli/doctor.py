@@ -177,7 +177,7 @@ def _target(base_url: str | None, model: str | None) -> Target | Check:
         return Check("endpoint", "fail", why, {"verdict": "not checked"})
     name = model or get_default_model()
     if base_url:
-        # ``base_url=`` recoveries speak chat completions (see ``_agent``).
+        # ``base_url=`` recoveries speak chat completions (see ``_agent.run``).
         return Target(base_url.rstrip("/"), CHAT, key, name)
     # Without ``base_url=`` the SDK's default provider decides: the Responses API, at
     # OPENAI_BASE_URL when set (the openai client reads it), else at OpenAI.

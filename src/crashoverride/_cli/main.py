@@ -12,7 +12,7 @@ from typing import Any
 SCRIPTED_BANNER = """\
 crashoverride demo (offline)
 The model is SCRIPTED: agents.testing.ScriptedModel plays agent steps written in advance in
-crashoverride/_demo.py. No AI is involved. Everything else is real: the Agents SDK run loop,
+src/crashoverride/_cli/demo.py. No AI is involved. Everything else is real: the Agents SDK run loop,
 the tools executing in this live process, uvicorn on 127.0.0.1, the follow-up job.
 """
 

@@ -1,7 +1,7 @@
 """``RedisCoordination``: the fleet backend's configuration, validated at construction.
 
 Only a description: nothing connects, and ``redis`` is not imported, until a protected block
-fails (see ``_fleet``). The happy path never talks to Redis.
+fails (see ``_fleet.backend``). The happy path never talks to Redis.
 """
 
 from __future__ import annotations

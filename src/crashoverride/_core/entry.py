@@ -1,4 +1,4 @@
-"""Where a failure enters the pipeline: begin its record, admit it, hand it to ``_pipeline``.
+"""Where a failure enters the pipeline: begin its record, admit it, hand it to ``_core.pipeline``.
 
 Admission's first question, whether any model can be reached, is answered here, before the
 run machinery (anyio, the placements, the agent and its tools) is imported: a recovery that

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 class FollowupRecord:
-    """The pipeline's record of one follow-up (see ``_recovery.Recovery`` for a recovery's)."""
+    """The pipeline's record of one follow-up (see ``_core.recovery.Recovery`` for a recovery's)."""
 
     def __init__(self, job: FollowupJob, settings: Settings, runner: str) -> None:
         from crashoverride._security.gate import changes_allowed

@@ -4,10 +4,10 @@
 
 ``run`` is the only implementation of these steps. Every entry point (``with``, ``async with``,
 decorators, asyncio and Celery tasks, ASGI requests) describes its unit of work as a ``Block``
-and calls ``_entry.recover_async`` or ``_entry.recover_sync``. Those begin the record and ask
-admission's first question (can any model be reached?) before this module is even imported,
-then hand over to ``recover_admitted_*`` here; the sync one drives the same coroutine through
-the ``owner-thread`` placement (see ``_bridge``). The recovery's one ``Deadline`` becomes one
+and calls ``_core.entry.recover_async`` or ``_core.entry.recover_sync``. Those begin the record and
+ask admission's first question (can any model be reached?) before this module is even imported, then
+hand over to ``recover_admitted_*`` here; the sync one drives the same coroutine through the
+``owner-thread`` placement (see ``_placement.bridge``). The recovery's one ``Deadline`` becomes one
 cancel scope around all the steps; nothing below restates the budget.
 
 Cancellation, KeyboardInterrupt and SystemExit are never caught here: they propagate, after one
@@ -101,8 +101,8 @@ def _marked(recovery_id: str, agent_code: bool) -> Iterator[None]:
 async def run(rec: Record[C], place: Placement, coordinated: Coordinated[C] | None = None) -> C:
     """All the steps, under the record's one deadline; returns the record's conclusion.
 
-    ``rec`` is a ``Recovery`` (``_recovery``) or a follow-up's record (``followups._run``),
-    admitted by ``_entry.admit``: the same steps, minus the coordination (``coordinated``,
+    ``rec`` is a ``Recovery`` (``_core.recovery``) or a follow-up's record (``followups._run``),
+    admitted by ``_core.entry.admit``: the same steps, minus the coordination (``coordinated``,
     a recovery's) a follow-up does not take part in.
     """
     deadline = rec.deadline
@@ -123,7 +123,7 @@ async def run(rec: Record[C], place: Placement, coordinated: Coordinated[C] | No
 async def _steps(
     rec: Record[C], place: Placement, call: Dispatch, coordinated: Coordinated[C] | None
 ) -> C:
-    # 1. admit: the credentials were asked by the caller (``_entry.admit``), before any of
+    # 1. admit: the credentials were asked by the caller (``_core.entry.admit``), before any of
     # this was imported; what remains of admission is the coordination's.
     if coordinated is not None:
         refused = await coordinated.admit(call)
@@ -240,7 +240,8 @@ def _judged(check: Check, rec: Record[object]) -> object:
 
 
 async def recover_admitted_async(rec: Recovery, exc: BaseException) -> Decision | None:
-    """Steps 2-8 for async code (``_entry`` began and admitted ``rec``). None: let ``exc`` go."""
+    """Steps 2-8 for async code (``_core.entry`` began and admitted ``rec``). None: let
+    ``exc`` go."""
     try:
         if bridge.cancel_pending():
             return None  # a failure raised while being cancelled: the cancellation goes on
@@ -260,7 +261,7 @@ async def recover_admitted_async(rec: Recovery, exc: BaseException) -> Decision 
 
 
 def recover_admitted_sync(rec: Recovery, exc: BaseException) -> Decision | None:
-    """Steps 2-8 for synchronous code (``_entry`` began and admitted ``rec``)."""
+    """Steps 2-8 for synchronous code (``_core.entry`` began and admitted ``rec``)."""
     # Sync code called from async code: its loop is blocked until the recovery ends. Said once.
     blocking = bridge.loop_running_here()
     began = time.monotonic()

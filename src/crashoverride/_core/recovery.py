@@ -1,6 +1,6 @@
 """The record of one recovery: identity, redaction, events, the report and the outcome.
 
-``_pipeline`` holds the algorithm and calls into this record at each step; everything here is
+``_core.pipeline`` holds the algorithm and calls into this record at each step; everything here is
 bookkeeping that must happen exactly once whatever path the algorithm took (a decision, a
 time-out, a cancellation, an internal error): one terminal event, one note, the slot and the
 flight handed on, and every reference into the failed frame dropped.
@@ -82,7 +82,7 @@ def fingerprint(exc: BaseException) -> str:
 
 
 class Recovery:
-    """One recovery's bookkeeping; the steps themselves are in ``_pipeline``."""
+    """One recovery's bookkeeping; the steps themselves are in ``_core.pipeline``."""
 
     def __init__(
         self,

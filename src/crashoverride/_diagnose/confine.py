@@ -1,4 +1,4 @@
-"""Cut a forked snapshot (``_snapshot``) off from everything it shares with the process.
+"""Cut a forked snapshot (``_diagnose.snapshot``) off from everything it shares with the process.
 
 Only ever called in the child, right after ``fork``: every step here is irreversible on
 purpose, and the parent never runs any of it.
@@ -41,7 +41,7 @@ _HARMLESS_DEVICES = frozenset(os.makedev(1, minor) for minor in (3, 5, 8, 9))  #
 def confine(keep: int) -> None:
     """Make shared memory read-only, drop inherited descriptors but ``keep``, add the hook.
 
-    Then the kernel's filter (``_syscalls``) and the audit hook: both last until ``_exit``.
+    Then the kernel's filter (``_diagnose.syscalls``) and the audit hook: both last until ``_exit``.
     """
     _protect_shared_memory()
     _drop_descriptors(keep)

@@ -1,9 +1,9 @@
-"""Diagnose mode's evaluator where no forked snapshot is available (see ``_snapshot``).
+"""Diagnose mode's evaluator where no forked snapshot is available (see ``_diagnose.snapshot``).
 
 It walks the expression's syntax tree itself and never runs code the process supplies: no
 function or method of the application, no property, ``__getattr__``, ``__getattribute__``,
-``__repr__``, ``__eq__`` or ``__bool__`` of an application type (``_static`` reads objects).
-What an expression can do:
+``__repr__``, ``__eq__`` or ``__bool__`` of an application type (``_diagnose.static`` reads
+objects). What an expression can do:
 
 - names resolve as in ``eval`` (the namespace, the block's locals, module globals, builtins);
 - attributes are read statically: an instance's ``__dict__`` entry, a class attribute, a slot
@@ -16,10 +16,10 @@ What an expression can do:
   themselves: a local that shadows ``len`` is not ``len``.
 
 Everything else raises ``PermissionError``. The work stays bounded too, since it runs in the
-process itself: plain data counts only up to 100,000 items (``_static``), and what multiplies sizes
-(``str * n``, ``format`` widths, ``str.replace``, ``sum`` with a start) is left out. Residue:
-looking up a plain key in a dict whose keys are application objects compares it with a stored
-key of equal hash (that key's ``__eq__``).
+process itself: plain data counts only up to 100,000 items (``_diagnose.static``), and what
+multiplies sizes (``str * n``, ``format`` widths, ``str.replace``, ``sum`` with a start) is left
+out. Residue: looking up a plain key in a dict whose keys are application objects compares it with a
+stored key of equal hash (that key's ``__eq__``).
 """
 
 from __future__ import annotations

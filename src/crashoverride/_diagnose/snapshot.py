@@ -22,17 +22,17 @@ returning into the process's own code. The parent waits until the recovery's dea
 ``UNBOUNDED_CAP`` without one) and kills the child then; the text it returns goes through the
 same redaction as every tool result.
 
-On x86-64 a seccomp filter (``_syscalls``) also has the kernel refuse those system calls, for
-C code that raises no audit event (``os.mkfifo``, ``signal.pidfd_send_signal``, a C library
-writing a file); elsewhere those stay open. Handlers registered with ``os.register_at_fork``
-run in the child before any of this (they are their libraries' own after-fork code). A lock
-another thread held at the fork stays held in the child: an expression that needs it hangs
-until the deadline kills the child.
+On x86-64 a seccomp filter (``_diagnose.syscalls``) also has the kernel refuse those system calls,
+for C code that raises no audit event (``os.mkfifo``, ``signal.pidfd_send_signal``, a C library
+writing a file); elsewhere those stay open. Handlers registered with ``os.register_at_fork`` run in
+the child before any of this (they are their libraries' own after-fork code). A lock another thread
+held at the fork stays held in the child: an expression that needs it hangs until the deadline kills
+the child.
 
 Fork is used on Linux only (macOS frameworks are not fork-safe; Windows has no fork); elsewhere,
 with ``FORK_ENABLED`` off, when a fork fails (no memory or processes left) or when a child
 cannot be cut off (no ``/proc``; a kernel that refuses the filter), the static evaluator of
-``_readonly`` runs instead: a child that is not confined evaluates nothing.
+``_diagnose.readonly`` runs instead: a child that is not confined evaluates nothing.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class InspectionFailed(Exception):
 
 
 class _NoSnapshot(Exception):
-    """No fork here or now: the static evaluator (``_readonly``) answers instead."""
+    """No fork here or now: the static evaluator (``_diagnose.readonly``) answers instead."""
 
 
 def fork_usable() -> bool:

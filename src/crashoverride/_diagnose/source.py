@@ -28,7 +28,7 @@ ORIGINS: weakref.WeakKeyDictionary[types.FunctionType, tuple[str, int, str]] = (
 
 
 def source_of(function: types.FunctionType) -> str | None:
-    # Agent code registers its source (``_namespace``), so functions it defines have one.
+    # Agent code registers its source (``_agent.namespace``), so functions it defines have one.
     try:
         return textwrap.dedent(inspect.getsource(function))
     except (OSError, TypeError):

@@ -1,4 +1,4 @@
-"""Reading objects without running their code: the primitives of ``_readonly``.
+"""Reading objects without running their code: the primitives of ``_diagnose.readonly``.
 
 Attributes come from an instance's ``__dict__``, its class's namespaces (walked through
 ``type``'s own descriptors, so no metaclass is consulted) or C-level slots; values count as plain

@@ -2,13 +2,13 @@
 
 PEP 578 audit events cover what Python's own functions do, not what C code does directly: an
 extension writing a file through its C library, ``os.mkfifo``, ``signal.pidfd_send_signal``.
-This filter, installed in the forked child (``_confine``) and never removable by it, makes the
-kernel answer ``EPERM`` to system calls that change files, start or signal other processes,
-or talk to the network: opening for writing, creating, renaming, removing and changing files,
+This filter, installed in the forked child (``_diagnose.confine``) and never removable by it, makes
+the kernel answer ``EPERM`` to system calls that change files, start or signal other processes, or
+talk to the network: opening for writing, creating, renaming, removing and changing files,
 ``socket``/``connect``/``sendto``, ``execve``, ``fork`` (``clone`` without ``CLONE_THREAD``),
-signals to another process, ``ptrace`` and writes into other processes' memory, changing
-another process's priority, CPU affinity or limits, taking file locks or messages others wait
-for, typing into a terminal, and system settings (clock, host name, modules, mounts, keys).
+signals to another process, ``ptrace`` and writes into other processes' memory, changing another
+process's priority, CPU affinity or limits, taking file locks or messages others wait for, typing
+into a terminal, and system settings (clock, host name, modules, mounts, keys).
 
 The system call numbers are x86-64's; on other machines ``install`` does nothing and the audit
 hook alone applies.
@@ -93,7 +93,7 @@ def install() -> bool:
     """Install the filter in this process for good; False on machines it is not written for.
 
     Raises ``OSError`` where it should apply but the kernel refuses it: the snapshot is then
-    not used at all (``_snapshot``), rather than used with less than it promises.
+    not used at all (``_diagnose.snapshot``), rather than used with less than it promises.
     """
     if platform.machine() not in ("x86_64", "AMD64"):
         return False

@@ -13,7 +13,7 @@ burst of identical failures costs one Redis conversation per process. That leade
    takes it over. Every wait is inside the recovery's one deadline;
 4. the holder's outcome is stored and published (only if its token is still the newest: a
    leader that lost its lease cannot overwrite a newer one's outcome), with the signed fix
-   record when the recovery changed code or made a recipe (``_recipes``); the fleet breaker
+   record when the recovery changed code or made a recipe (``_repair.recipes``); the fleet breaker
    learns the result of the agent run.
 
 Any Redis error or an answer slower than ``op_timeout`` ends the fleet part: the recovery goes

@@ -3,7 +3,7 @@
 A ``redis.asyncio`` client belongs to the event loop it was created on, but recoveries run on
 the application's loops, on trio, and on the fresh loop of each synchronous recovery. So the
 client lives on a loop of its own, in a daemon thread started at the first failure (never on
-the happy path), and every operation is sent there and awaited as a future (``_bridge``),
+the happy path), and every operation is sent there and awaited as a future (``_placement.bridge``),
 which works on asyncio and trio alike and stays cancellable by the recovery's deadline. After a
 ``fork`` (Celery prefork, gunicorn) the child starts its own thread and client.
 

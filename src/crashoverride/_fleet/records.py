@@ -52,8 +52,8 @@ def make(
     recipe: tuple[str, ...] = (),
     turns: int = 0,
 ) -> dict[str, Any]:
-    """A record; ``recipe``: the recovery's state-repair snippets (``_recipes``), left out when
-    they hold a secret; ``turns``: the model calls it took. The file edits the recovery
+    """A record; ``recipe``: the recovery's state-repair snippets (``_repair.recipes``), left out
+    when they hold a secret; ``turns``: the model calls it took. The file edits the recovery
     persisted (``note_file``) come with it."""
     from crashoverride._repair.recipes import told, withheld
 

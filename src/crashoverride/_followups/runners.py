@@ -1,6 +1,6 @@
 """Where follow-ups run: runners, and the one made current for a context.
 
-* ``TaskGroupRunner`` (``_taskgroup``): an anyio task group the application owns.
+* ``TaskGroupRunner`` (``_followups.taskgroup``): an anyio task group the application owns.
 * ``ThreadRunner``: a supervised daemon thread per job; the process-wide default.
 * ``SubprocessRunner``: a detached process, for work that must outlive this one.
 

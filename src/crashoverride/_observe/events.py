@@ -47,7 +47,7 @@ FIX_APPLIED: Final = fixed("fleet.fix_applied")
 FIX_REFUSED: Final = fixed("fleet.fix_refused")
 # A fix applied eagerly (no recovery, so no report): its audit line, as ``*.tool_called``.
 FLEET_TOOL_CALLED: Final = fixed("fleet.tool_called")
-# A recovery's recipe holds a secret: its fix record goes out without it (``_recipes``).
+# A recovery's recipe holds a secret: its fix record goes out without it (``_repair.recipes``).
 RECIPE_WITHHELD: Final = fixed("fleet.recipe_withheld")
 # A code fix whose new source holds a secret: it runs here, and is never published.
 FIX_WITHHELD: Final = fixed("fleet.fix_withheld")

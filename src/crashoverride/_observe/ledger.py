@@ -1,6 +1,6 @@
 """The recovery ledger: ``on_recovery`` sinks that keep every report, and their readers.
 
-A record is the whole report, redacted, with its schema (``_record``). Two sinks:
+A record is the whole report, redacted, with its schema (``_observe.record``). Two sinks:
 
 - ``JsonLinesLedger``: one JSON object per line in a file. The file is opened for each record
   (``O_APPEND``, one ``write``), so a rotation (the file moved or removed) starts a new file

@@ -2,7 +2,7 @@
 
 Uses only ``opentelemetry-api`` (the ``[otel]`` extra) and the global providers the
 application configured; with none configured every call here is the API's no-op. Loaded by
-``_observe`` only when the application has imported OpenTelemetry.
+``_observe.observers`` only when the application has imported OpenTelemetry.
 
 The recovery span starts where the recovery starts, in the owner's context (the request's or
 task's span is its parent); the pipeline may finish on another thread, so the parent context

@@ -1,13 +1,13 @@
 """Sentry observer: a recovered exception becomes one handled warning event; a failed one keeps
 the event Sentry sends anyway, with the report added to it.
 
-Loaded by ``_observe`` only when the application imported ``sentry_sdk``, and active only with
-an initialised client. Never two events for one exception: a recovered exception is suppressed,
-so nothing else reports it and this module sends it once; a failed one propagates and is
-reported by whatever reports the application's errors (the ASGI and Celery integrations, the
-excepthook), so this module only adds the report to that event, found by the recovery id in
-the note the exception carries. Events go through ``capture_event``: ``before_send``, the
-event scrubber and the client's options apply to them as to any other.
+Loaded by ``_observe.observers`` only when the application imported ``sentry_sdk``, and active only
+with an initialised client. Never two events for one exception: a recovered exception is suppressed,
+so nothing else reports it and this module sends it once; a failed one propagates and is reported by
+whatever reports the application's errors (the ASGI and Celery integrations, the excepthook), so
+this module only adds the report to that event, found by the recovery id in the note the exception
+carries. Events go through ``capture_event``: ``before_send``, the event scrubber and the client's
+options apply to them as to any other.
 
 The event this module sends passes the recovery's redactor as a whole, once the scopes have
 added their data: the exception's message, the frame's local variables (the SDK's scrubber
@@ -41,7 +41,7 @@ MECHANISM: Final = "crashoverride"
 # The reports of failed recoveries whose exceptions are still on their way to Sentry; bounded,
 # since an exception may never reach it (caught and dropped by the application).
 _KEPT: Final = 256
-# The note ``_recovery`` adds to an exception a recovery did not recover.
+# The note ``_core.recovery`` adds to an exception a recovery did not recover.
 _NOTE: Final = re.compile(r"crashoverride: recovery (rec_[0-9a-f]+) ")
 _pending: OrderedDict[str, RedactedData] = OrderedDict()
 _lock = threading.Lock()

@@ -10,7 +10,7 @@ placements:
   the caller's task; the agent runs on an asyncio loop in a worker thread; each piece of agent
   code hops back to the owner's loop (``anyio.from_thread``).
 * ``owner-thread`` (``with`` and decorators of sync code, with or without a loop running in the
-  thread): see ``_owner_thread``.
+  thread): see ``_placement.owner_thread``.
 
 Every placement bounds its waits by the recovery's one ``Deadline``.
 """

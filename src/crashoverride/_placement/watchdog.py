@@ -59,7 +59,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# How ``_namespace`` names compiled agent source: ``<crashoverride-1>``, ``<crashoverride-2>``, ...
+# How ``_agent.namespace`` names compiled agent source: ``<crashoverride-1>``,
+# ``<crashoverride-2>``, ...
 SNIPPET_PREFIX = "<crashoverride-"
 STOPPED = "agent code was still running when the recovery's time ran out and was interrupted"
 RESTRIKE = 0.1  # seconds between strikes once out of time

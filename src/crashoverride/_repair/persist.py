@@ -7,7 +7,7 @@ so). What it adds: a syntax check before writing, a backup, a unified diff logge
 a ``.patch`` file for review instead of touching the source.
 
 With a fleet (``RedisCoordination``), what a recovery wrote goes into its fix record
-(``_fixrecords``): a persisted function the live one does not run yet, as code other processes
+(``_repair.journal``): a persisted function the live one does not run yet, as code other processes
 run live; any other file edit, as information only (its redacted diff). Proposals change
 nothing anywhere, so they publish nothing.
 """

@@ -9,7 +9,7 @@ Otherwise (no postcondition, a snippet fails, the postcondition does not hold) t
 usual, with the code already fixed.
 
 Recipes are code: in memory they stay in this process; across processes they travel only in
-signed fix records (``_fixrecords``). Code cannot be redacted without breaking it, so a recipe
+signed fix records (``_repair.journal``). Code cannot be redacted without breaking it, so a recipe
 in which the recovery's redactor finds a secret (a provider key, a value it knows as secret) is
 private: it serves this process, which held the secret already, and is never published (its
 fix record carries the code fix without it, and ``fleet.recipe_withheld`` says why). Publishing

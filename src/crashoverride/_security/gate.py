@@ -1,6 +1,6 @@
 """The one gate every tool call passes: approval, then execution, then the audit record.
 
-Built-in tools (``_agent_tools``), application tools (``tools=``), MCP tools and the tools of a
+Built-in tools (``_agent.sdk_tools``), application tools (``tools=``), MCP tools and the tools of a
 follow-up's run all go through ``Gate.call``: ``approve=`` sees each call (its tool name and
 arguments) before it runs, a denied call never runs, and every call, denied ones included, is
 one ``ToolCallRecord`` in ``report.tool_calls`` and one ``*.tool_called`` event.

@@ -5,10 +5,10 @@ follow-ups, cassettes, Sentry, OpenTelemetry, the ledger) passes its text throug
 ``Redactor``. It masks, in any text:
 
 - known secret values: values under secret-looking names in the failed frame's locals and
-  inside them (a bounded walk, ``_masking.secret_values``),
+  inside them (a bounded walk, ``_security.masking.secret_values``),
   secret-named environment variables, credentials found inside any environment variable (the
   password of a ``DATABASE_URL``), the configured ``api_key``, the application's ``Redaction``;
-- secrets recognised by their value (``_secrets``): provider keys, JWTs, private keys,
+- secrets recognised by their value (``_security.secrets``): provider keys, JWTs, private keys,
   credentials in URLs and headers, credential-looking values after secret-looking names.
 
 By construction: what the redactor returns is typed ``Redacted`` (``RedactedData`` for a JSON

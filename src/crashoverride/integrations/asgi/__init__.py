@@ -19,7 +19,7 @@ What it does:
   task that raised after the response is recovered as a task call, then the tasks queued after
   it run; a stream that failed is logged as ``recovery.skipped``, or, with
   ``repair_after_start``, the agent repairs the code for later requests while the exception
-  propagates. See ``_asgi_after``.
+  propagates. See ``integrations.asgi._after``.
 * ``lifespan``: passed through; the middleware also opens the task group background work
   spawned by recoveries runs in, and drains it (bounded) at shutdown. With ``warm_up`` (the
   default) startup first imports the Agents SDK in a worker thread, so a server's first failure
