@@ -80,12 +80,12 @@ def _recovery_cost(detect: bool) -> float:
     if detect:
         return _median_ms(one_recovery)
     # Known values only: the detector replaced by the identity.
-    original = _redact._secrets.mask
-    _redact._secrets.mask = lambda text, *_: text  # type: ignore[assignment]
+    original = _redact.secrets.mask
+    _redact.secrets.mask = lambda text, *_: text  # type: ignore[assignment]
     try:
         return _median_ms(one_recovery)
     finally:
-        _redact._secrets.mask = original
+        _redact.secrets.mask = original
 
 
 def _source_lines() -> list[str]:
@@ -172,7 +172,7 @@ def run() -> list[Row]:
             f"secrets: value scan of a first prompt ({len(prompt) // 1000} KB)",
             scan,
             "ms",
-            note="_secrets.mask over traceback + locals summary + source",
+            note="secrets.mask over traceback + locals summary + source",
         )
     )
     with_detector = _recovery_cost(detect=True)
