@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import _thread
+import itertools
+import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +12,15 @@ from crashoverride._config.settings import UNSET, Settings
 from crashoverride._handler import Handler
 
 _new = object.__new__
+_MARKS = itertools.count(1)
+
+
+def _new_mark() -> str:
+    # What an exception this instance dealt with carries (``_core.seen``): a string, so the
+    # exception still pickles and does not keep the instance alive. Unique per process and
+    # instance; another process's instance never matches it.
+    return f"{os.getpid()}-{next(_MARKS)}"
+
 
 if TYPE_CHECKING:
     from crashoverride._admission.coordination import Coordination
@@ -74,7 +85,7 @@ class CrashOverride:
         ConfigurationError: An argument is invalid; the error names it.
     """
 
-    __slots__ = ("_limits_lock", "_limits_state", "_settings")
+    __slots__ = ("_limits_lock", "_limits_state", "_mark", "_settings")
 
     # The arguments of __init__ and handler mirror the settings table in ``_config.settings``
     # (names, order, defaults, annotations), spelled out so type checkers, IDEs and help() see
@@ -119,6 +130,13 @@ class CrashOverride:
         self._settings = Settings.for_app(**arguments)
         self._limits_lock = _thread.allocate_lock()
         self._limits_state: Limits | None = None
+        self._mark = _new_mark()
+
+    def __reduce__(self) -> tuple[Callable[[Settings], CrashOverride], tuple[Settings]]:
+        # Frameworks pickle and deep-copy what holds an instance (Celery pickles its app, whose
+        # ``conf`` holds ours). A copy has the same settings and admission state of its own:
+        # limits, flights and a fleet connection belong to the process that made them.
+        return _restored, (self._settings,)
 
     if TYPE_CHECKING:
         # The signature type checkers see; the runtime one below is the fast path.
@@ -240,3 +258,13 @@ def _import_machinery() -> None:
     from crashoverride._core import pipeline  # noqa: F401  (the rest of the recovery machinery)
 
     import_sdk()
+
+
+def _restored(settings: Settings) -> CrashOverride:
+    """A ``CrashOverride`` with ``settings`` and fresh admission state (unpickled or copied)."""
+    co: CrashOverride = _new(CrashOverride)
+    co._settings = settings
+    co._limits_lock = _thread.allocate_lock()
+    co._limits_state = None
+    co._mark = _new_mark()
+    return co

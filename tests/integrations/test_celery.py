@@ -366,3 +366,15 @@ def test_celery_worker_example_runs_offline() -> None:
     assert done.returncode == 0, done.stderr
     assert "invoice 4 total: 5000 cents (state SUCCESS)" in done.stdout
     assert "billing: total_cents renamed to amount_due_cents" in done.stdout
+
+
+def test_an_app_with_crashoverride_installed_still_pickles() -> None:
+    # Celery pickles its app (beat, prefork, its own tests); ``install`` puts ours in its conf.
+    import pickle
+
+    from crashoverride.integrations.celery import install
+
+    app = Celery("pickled", broker="memory://", set_as_current=False)
+    install(app, CrashOverride(project_prompt="billing"))
+    again = pickle.loads(pickle.dumps(app))
+    assert again.conf.crashoverride.handler(prompt="x").settings.project_prompt == "billing"

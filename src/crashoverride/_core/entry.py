@@ -37,6 +37,9 @@ class App(Protocol):
     def _limits(self) -> Limits: ...
 
     @property
+    def _mark(self) -> str: ...
+
+    @property
     def _run_followup(self) -> Run: ...
 
 

@@ -7,16 +7,27 @@ handler imports it on its failure path.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 _SEEN = "__crashoverride_recovered_by__"
 
 
-def seen(exc: BaseException, app: object) -> bool:
+class Marking(Protocol):
+    """A ``CrashOverride`` as the mark sees it: the string its exceptions carry. Not the instance
+    itself: the exception must still pickle (process pools, Celery's result backend) and must
+    not keep the instance alive."""
+
+    @property
+    def _mark(self) -> str: ...
+
+
+def seen(exc: BaseException, app: Marking) -> bool:
     """Whether a recovery of the ``CrashOverride`` ``app`` already dealt with ``exc``."""
-    return getattr(exc, _SEEN, None) is app
+    return getattr(exc, _SEEN, None) == app._mark
 
 
-def mark(exc: BaseException, app: object) -> None:
+def mark(exc: BaseException, app: Marking) -> None:
     try:
-        setattr(exc, _SEEN, app)
+        setattr(exc, _SEEN, app._mark)
     except Exception:  # an exception type without a __dict__: outer handlers may retry it
         pass
