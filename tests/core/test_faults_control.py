@@ -451,3 +451,41 @@ def test_a_first_failure_cancelled_while_loading_leaves_nothing_behind() -> None
         [sys.executable, "-W", "error", "-c", script], capture_output=True, text=True, timeout=120
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "clean exit\n", "")
+
+
+# A snippet must not forge what only the runtime raises: the application's own exception goes
+# on, with a note, instead of a fake cancellation, a GeneratorExit or a BaseException of its own.
+FORGED = {
+    "CancelledError": "import asyncio\nraise asyncio.CancelledError()",
+    "GeneratorExit": "raise GeneratorExit()",
+    "own BaseException": "class Halt(BaseException):\n    pass\nraise Halt()",
+    "CancelledError after an await": "import asyncio\nawait asyncio.sleep(0)\n"
+    "raise asyncio.CancelledError()",
+}
+
+
+def _assert_original_with_note(exc: BaseException) -> None:
+    assert type(exc) is KeyError and exc.args == ("app",)
+    (note,) = [n for n in exc.__notes__ if n.startswith("crashoverride:")]
+    assert "which only the runtime may raise" in note
+
+
+@pytest.mark.parametrize("code", [v for k, v in FORGED.items() if "await" not in k], ids=str)
+def test_agent_code_cannot_replace_the_exception_of_a_with_block(code: str) -> None:
+    co = CrashOverride(model=script(exec_python(code), done("fixed")), timeout=20)
+    with pytest.raises(BaseException) as info:
+        with co.handler(prompt="x"):
+            raise KeyError("app")
+    _assert_original_with_note(info.value)
+
+
+@pytest.mark.parametrize("code", list(FORGED.values()), ids=list(FORGED))
+def test_agent_code_cannot_replace_the_exception_of_an_async_block(code: str) -> None:
+    async def main() -> None:
+        co = CrashOverride(model=script(exec_python(code), done("fixed")), timeout=20)
+        async with co.handler(prompt="x"):
+            raise KeyError("app")
+
+    with pytest.raises(BaseException) as info:
+        anyio.run(main)  # asyncio: where a forged CancelledError could pass for a real one
+    _assert_original_with_note(info.value)

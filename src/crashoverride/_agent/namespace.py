@@ -181,6 +181,13 @@ class Workspace:
             raise AgentExit(f"agent code called sys.exit({exc.code!r})") from None
         except Preempted:
             raise AgentExit(STOPPED) from None
+        except (Exception, KeyboardInterrupt):
+            raise  # a result, or an interrupt the pipeline re-raises once the recovery is over
+        except BaseException as exc:
+            # Run synchronously, agent code cannot be cancelled or closed from outside: a
+            # CancelledError, GeneratorExit or BaseException of its own is forged, and escaping
+            # it would replace the application's exception (or fake the caller's cancellation).
+            raise AgentExit(_forged(exc)) from None
         if code.co_flags & inspect.CO_COROUTINE:
             # Top-level await: ``value`` is a coroutine, awaited wherever the bridge can.
             return self._finish_async(value, trailing)
@@ -196,6 +203,12 @@ class Workspace:
             raise AgentExit(f"agent code called sys.exit({exc.code!r})") from None
         except Preempted:
             raise AgentExit(STOPPED) from None
+        except (Exception, KeyboardInterrupt, GeneratorExit):
+            raise  # GeneratorExit: this coroutine is being closed, which only its owner does
+        except BaseException as exc:
+            if _runtime_cancellation(exc):
+                raise  # the deadline's cancel scope, or the caller's own cancellation
+            raise AgentExit(_forged(exc)) from None
         return self.scratch.pop(_VALUE, None) if trailing else value
 
     def close(self) -> None:
@@ -205,3 +218,25 @@ class Workspace:
         self.scratch.clear()
         self._names.caller = None
         self.caller = None
+
+
+def _forged(exc: BaseException) -> str:
+    return (
+        f"agent code raised {type(exc).__module__}.{type(exc).__qualname__}, which only the "
+        "runtime may raise (a cancellation, an interrupt, an exit); the recovery is over"
+    )
+
+
+def _runtime_cancellation(exc: BaseException) -> bool:
+    """Whether ``exc`` is a cancellation the runtime delivered, not one agent code raised."""
+    import asyncio
+
+    if isinstance(exc, asyncio.CancelledError):
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no asyncio loop here (trio): not asyncio's cancellation
+            return False
+        # A real cancellation is requested before it is delivered: ``cancelling()`` counts it.
+        return task is not None and task.cancelling() > 0
+    # trio's Cancelled has no public constructor; anything else is agent code's own.
+    return type(exc).__module__.startswith("trio")
