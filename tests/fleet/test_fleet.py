@@ -348,6 +348,56 @@ def test_a_tampered_record_is_refused_and_logged(url: str, tamper: str) -> None:
     assert events(logs, "fleet.fix_applied") == [] and len(model.calls) == 2
 
 
+def test_a_record_nested_too_deep_is_refused_and_the_recovery_goes_on(url: str) -> None:
+    # Anyone who can write to Redis can store anything: a malformed value is refused, it never
+    # becomes an internal error that leaves the failure unrecovered in every process.
+    leader = fixed_elsewhere(url)
+    client, name, _ = _stored_fix(url)
+    client.set(name, "[" * 100_000 + "]" * 100_000)
+    client.close()
+    model = script(exec_python(PATCH), done("patched"))
+    later = app(url, model)
+
+    @later.handler()
+    def later_job(i: int) -> int:
+        return transform(i)
+
+    with capture_logs() as logs:
+        assert later_job(4) == 40  # by its own agent run
+    close_fleet(leader, later)
+    (refused,) = events(logs, "fleet.fix_refused")
+    assert "not a fix record" in refused["reason"]
+    assert [e for e in logs if "internal error" in str(e.get("reason", ""))] == []
+
+
+def test_a_lease_value_that_is_no_token_is_no_lease(url: str) -> None:
+    model = script(exec_python(PATCH), done("patched"))
+    co = app(url, model)
+
+    @co.handler()
+    def job(i: int) -> int:
+        return transform(i)
+
+    # The lease key of this failure, planted with a value no process of ours writes.
+    from crashoverride._fleet.scripts import keys_for
+    from crashoverride.integration import fingerprint
+
+    try:
+        transform(1)
+    except NotImplementedError as exc:
+        print_ = fingerprint(exc)
+    client = redis.Redis.from_url(url)
+    lease = keys_for(NS["current"], print_)["lease"]
+    client.set(lease, "not-a-token", px=60_000)
+    with capture_logs() as logs:
+        assert job(4) == 40
+    client.delete(lease)
+    client.close()
+    close_fleet(co)
+    assert [e for e in logs if "internal error" in str(e.get("reason", ""))] == []
+    assert events(logs, "recovery.succeeded")
+
+
 @pytest.mark.parametrize("approver", ["denies", "raises"])
 def test_approve_sees_a_propagated_fix_before_it_runs(url: str, approver: str) -> None:
     leader = fixed_elsewhere(url)

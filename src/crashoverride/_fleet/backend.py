@@ -47,6 +47,7 @@ from crashoverride._fleet.scripts import (
     newer,
     outcome_and_lease,
     release,
+    token_of,
 )
 from crashoverride._observe import events
 from crashoverride._repair import journal, recipes
@@ -224,7 +225,13 @@ class Fleet:
             )
             if acquired:
                 return await self._lead(rec, keys, int(held), takeover)
-            token = int(bytes(held).split(b"|", 1)[0])
+            token = token_of(held)
+            if token is None:  # no lease of ours: recover here, as when Redis is unreachable
+                rec.tag(fleet_role="degraded")
+                events.emit("warning", events.COORDINATION_DEGRADED,
+                          reason=fixed("the lease holds a value no process of ours wrote"),
+                          **rec.fields())  # fmt: skip
+                return LEAD
             rec.tag(fleet_role="waiter", fencing_token=token)
             began = time.monotonic()
             outcome = await self.link.run(

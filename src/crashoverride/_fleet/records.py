@@ -84,7 +84,9 @@ def verify(stored: str | bytes, key: bytes) -> dict[str, Any]:
         envelope = json.loads(stored)
         record, signature = envelope["record"], envelope["sig"]
         expected = hmac.new(key, _canonical(record), hashlib.sha256).hexdigest()
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        # Whatever sits under the key (anyone who can write to Redis can put anything there):
+        # refused, never an internal error that would leave the failure unrecovered.
         raise Refused(f"not a fix record ({type(exc).__name__})") from None
     if not isinstance(signature, str) or not hmac.compare_digest(signature, expected):
         raise Refused("bad signature (not signed with this fleet's key)")

@@ -109,5 +109,15 @@ def newer(raw: Any, token: int) -> dict[str, Any] | None:
     try:
         outcome = json.loads(raw)
         return outcome if int(outcome["token"]) >= token else None
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
+
+
+def token_of(held: Any) -> int | None:
+    """The fencing token in a lease value (``token|holder``); None for a value no process of
+    ours wrote (anyone who can write to Redis can put anything there)."""
+    try:
+        token = int(bytes(held).split(b"|", 1)[0])
+    except (TypeError, ValueError):
+        return None
+    return token if token > 0 else None
