@@ -348,6 +348,39 @@ def test_a_tampered_record_is_refused_and_logged(url: str, tamper: str) -> None:
     assert events(logs, "fleet.fix_applied") == [] and len(model.calls) == 2
 
 
+def authorise(amount: int) -> int:
+    raise LookupError("authorise")  # another failure than ``transform``'s
+
+
+def test_a_record_copied_under_another_failures_key_is_refused(url: str) -> None:
+    # Without the key, anyone who can write to Redis can still copy a signed record: the
+    # record is bound to the failure it was made for, and another failure never runs it.
+    from crashoverride._fleet.scripts import keys_for
+    from crashoverride.integration import fingerprint
+
+    leader = fixed_elsewhere(url)
+    client, _, envelope = _stored_fix(url)
+    try:
+        authorise(1)
+    except LookupError as exc:
+        other = fingerprint(exc)
+    client.set(keys_for(NS["current"], other)["fix"], json.dumps(envelope))
+    client.close()
+    model = script(give_up("no authorisation service"))
+    later = app(url, model)
+
+    @later.handler()
+    def pay(amount: int) -> int:
+        return authorise(amount)
+
+    with capture_logs() as logs, pytest.raises(LookupError):
+        pay(4)
+    close_fleet(leader, later)
+    (refused,) = events(logs, "fleet.fix_refused")
+    assert "another failure" in refused["reason"]
+    assert events(logs, "fleet.fix_applied") == [] and len(model.calls) == 1
+
+
 def test_a_record_nested_too_deep_is_refused_and_the_recovery_goes_on(url: str) -> None:
     # Anyone who can write to Redis can store anything: a malformed value is refused, it never
     # becomes an internal error that leaves the failure unrecovered in every process.
@@ -645,7 +678,7 @@ def _publish_by_hand(url: str, source: str) -> str:
     target = {"module": __name__, "qualname": "transform", "source": source,
               "code_hash": journal.digest(ORIGINAL),
               "new_hash": journal.digest(new["transform"].__code__)}  # fmt: skip
-    record = records.make(fingerprint="elsewhere", targets=[target],
+    record = records.make(namespace=NS["current"], fingerprint="elsewhere", targets=[target],
                               recovery_id="rec_elsewhere01", approved_by="a test")  # fmt: skip
     option = fleet(url)
     fix_key = ns_keys("{elsewhere}:fix")

@@ -305,7 +305,7 @@ def _publish_elsewhere(deployment: Deployment, namespace: str) -> None:
     target = {"module": __name__, "qualname": "transform", "source": source,
               "code_hash": journal.digest(ORIGINAL),
               "new_hash": journal.digest(new["transform"].__code__)}  # fmt: skip
-    record = records.make(fingerprint="elsewhere", targets=[target],
+    record = records.make(namespace=namespace, fingerprint="elsewhere", targets=[target],
                               recovery_id="rec_elsewhere01", approved_by="a test")  # fmt: skip
     fix_key = keys_for(namespace, "elsewhere")["fix"]
 

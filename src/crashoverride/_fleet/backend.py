@@ -138,7 +138,8 @@ class Fleet:
         recipe = self.local.limits.recipes.get(rec.fingerprint) if report.fix_record else None
         if succeeded and report.fix_record and self.option.key is not None:
             record = records.make(
-                fingerprint=rec.fingerprint, targets=changes, recovery_id=rec.id,
+                namespace=self.option.namespace, fingerprint=rec.fingerprint, targets=changes,
+                recovery_id=rec.id,
                 approved_by=records.approved_by(list(report.tool_calls), rec.settings.approve),
                 recipe=recipe.snippets if recipe is not None else (), turns=report.turns,
             )  # fmt: skip
@@ -342,7 +343,10 @@ class Fleet:
         if key is None or self.option.apply_fixes == "never":
             return False
         try:
-            record, changed = await records.receive(stored, key, rec.code_owner(call))
+            record, changed = await records.receive(
+                stored, key, rec.code_owner(call), namespace=self.option.namespace,
+                fingerprint=rec.fingerprint, ttl=self.option.record_ttl,
+            )  # fmt: skip
         except records.Refused as refusal:
             events.emit("warning", events.FIX_REFUSED, reason=rec.redact(str(refusal)),
                       **rec.fields())  # fmt: skip

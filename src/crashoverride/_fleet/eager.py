@@ -112,7 +112,10 @@ class Eager:
         if stored is None or key is None:
             return
         try:
-            record, changed = await records.receive(stored, key, self.owner())
+            record, changed = await records.receive(
+                stored, key, self.owner(), namespace=self.option.namespace, fingerprint=None,
+                ttl=self.option.record_ttl,
+            )  # fmt: skip
         except records.Refused as refusal:
             events.emit("warning", events.FIX_REFUSED, reason=scanned(str(refusal)),
                       fleet_role=EAGER)  # fmt: skip

@@ -45,6 +45,7 @@ class Refused(Exception):
 
 def make(
     *,
+    namespace: str,
     fingerprint: str,
     targets: list[dict[str, str]],
     recovery_id: str,
@@ -62,7 +63,7 @@ def make(
         told(recovery_id, fingerprint, reason)
         recipe = ()
     files = take_files(recovery_id)
-    return {"id": record_id(recovery_id), "fingerprint": fingerprint,
+    return {"id": record_id(recovery_id), "namespace": namespace, "fingerprint": fingerprint,
             "targets": targets, "recovery_id": recovery_id, "at": time.time(),
             "approved_by": approved_by, "recipe": list(recipe), "turns": turns,
             "files": files}  # fmt: skip
@@ -151,8 +152,28 @@ def apply(todo: list[tuple[types.FunctionType, dict[str, str]]]) -> list[str]:
     return changed
 
 
+def bound(record: dict[str, Any], *, namespace: str, fingerprint: str | None, ttl: float) -> None:
+    """Refuse ``record`` unless it was signed for this use: this fleet's namespace, this failure
+    (``fingerprint``; None: applied eagerly, for no failure in particular) and within its time
+    to live. A signed record copied under another key or namespace, or kept past its time,
+    means nothing here."""
+    if record.get("namespace") != namespace:
+        raise Refused("made for another namespace (or by a version that did not bind it)")
+    if fingerprint is not None and record.get("fingerprint") != fingerprint:
+        raise Refused("made for another failure: a record is valid only for its own")
+    at = record.get("at")
+    if not isinstance(at, int | float) or not 0 <= time.time() - at <= ttl:
+        raise Refused("expired, or from no time it could have been made")
+
+
 async def receive(
-    stored: str | bytes, key: bytes, owner: Owner
+    stored: str | bytes,
+    key: bytes,
+    owner: Owner,
+    *,
+    namespace: str,
+    fingerprint: str | None,
+    ttl: float,
 ) -> tuple[dict[str, Any], list[str]]:
     """Verify, check, approve and apply a stored record: (the record, the names changed).
 
@@ -165,6 +186,7 @@ async def receive(
     from crashoverride._security.text import format_tool_error
 
     record = verify(stored, key)
+    bound(record, namespace=namespace, fingerprint=fingerprint, ttl=ttl)
     todo = check(record)
     if not record["targets"] and not record.get("recipe") and record.get("files"):
         raise Refused(
