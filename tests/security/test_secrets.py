@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import types
 from pathlib import Path
@@ -312,3 +313,38 @@ def test_guards_only_leave_out_alternatives_that_could_not_match() -> None:
             assert list(secrets.spans(chunk)) == _all_alternatives_spans(chunk), path
             chunks += 1
     assert chunks > 300
+
+
+TOKEN_LINES = {
+    "config text inside a value": ('cfg = "token=ghp_PLANTED0123456789"', "ghp_PLANTED0123456789"),
+    "a .env line, hex value": (
+        "GITHUB_TOKEN=fa3b9c1d2e3f4a5b6c7d8e9f0a1b2c3d",
+        "fa3b9c1d2e3f4a5b6c7d8e9f0a1b2c3d",
+    ),
+}
+
+
+@pytest.mark.parametrize(("text", "secret"), list(TOKEN_LINES.values()), ids=list(TOKEN_LINES))
+def test_a_token_under_a_secret_name_is_masked_even_when_it_looks_like_an_identifier(
+    text: str, secret: str
+) -> None:
+    assert secret not in mask(text, MASK)
+
+
+@pytest.mark.parametrize("code", ["token: anyio.Token", "password=self.password", "key=KEY_NAME"])
+def test_code_naming_a_secret_is_left_alone(code: str) -> None:
+    assert mask(code, MASK) == code
+
+
+def test_config_text_in_a_local_never_reaches_the_model() -> None:
+    from crashoverride import CrashOverride
+    from crashoverride.testing import MockServer, done, eval_python
+
+    with MockServer([eval_python("cfg"), done("read it")]) as server:
+        co = CrashOverride(model="scripted", base_url=server.base_url, api_key="k", timeout=20)
+        cfg = "token=ghp_PLANTED0123456789\nregion=eu"
+        with pytest.raises(KeyError), co.handler(prompt="read the config"):
+            raise KeyError(cfg[:5])
+        sent = json.dumps([request.body for request in server.requests])
+    assert len(server.requests) == 2
+    assert "ghp_PLANTED0123456789" not in sent

@@ -188,6 +188,10 @@ def _assignment_secret(
     # A bare dotted name is code (``password=self.password``, ``token: anyio.Token``), unless
     # it sits in a query string or form body.
     code = not (quoted or bare_context) and re.fullmatch(_DOTTED, value) is not None
+    if code and "." not in value and len(value) >= 16 and any(c.isdigit() for c in value):
+        # One long identifier with digits in it is no variable a person named: a token pasted
+        # in a config line or a ``.env`` file (``token=ghp_...``, ``GITHUB_TOKEN=fa3b9c...``).
+        code = False
     if _names()[2].search(key):
         # ``password=password`` passes a variable on; anything else is the password.
         if quoted or bare_context:
