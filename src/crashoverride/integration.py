@@ -49,7 +49,7 @@ from crashoverride._observe.events import FOLLOWUP_UNCONSUMED
 from crashoverride._observe.events import SKIPPED as RECOVERY_SKIPPED
 from crashoverride._observe.events import WARM_UP_FAILED as RECOVERY_WARM_UP_FAILED
 from crashoverride._security.brief import Brief
-from crashoverride._security.masking import mask_fields, mask_query
+from crashoverride._security.masking import mask_fields, mask_multipart, mask_query
 from crashoverride._security.notes import add_note, redactor_of
 from crashoverride._security.redact import MASK, Redactor, is_secret_name, scanned
 from crashoverride._security.text import clip
@@ -81,6 +81,7 @@ __all__ = [
     "judge",
     "loop_running_here",
     "mask_fields",
+    "mask_multipart",
     "mask_query",
     "note",
     "on_asyncio",

@@ -57,3 +57,31 @@ def test_secret_headers_are_masked_everywhere() -> None:
     assert TENANT not in everything
     assert "[REDACTED]" in model_traffic
     assert "authorization" in model_traffic.lower()  # the header is listed, its value is not
+
+
+PASSWORD = "correct-horse-battery-staple"  # a pass phrase: words, nothing the value scan knows
+
+
+async def login(request: Request) -> JSONResponse:
+    await request.body()
+    raise PermissionError("login failed")
+
+
+def test_a_multipart_login_form_reaches_the_model_masked() -> None:
+    steps = [eval_python("request.body"), exec_python("respond(200, {'ok': True})"), done()]
+    with MockServer(steps) as model_server:
+        co = CrashOverride(model="m", base_url=model_server.base_url, api_key="k")
+        app = Starlette(routes=[Route("/login", login, methods=["POST"])])
+        app.add_middleware(CrashOverrideMiddleware, crash_override=co)
+        with serve(app) as served:
+            response = httpx.post(
+                f"{served.url}/login",
+                data={"user": "ada", "password": PASSWORD},
+                files={"avatar": ("a.txt", b"not a secret", "text/plain")},
+                timeout=60,
+            )
+        model_traffic = json.dumps([r.body for r in model_server.requests])
+    assert response.status_code == 200 and response.json() == {"ok": True}
+    assert PASSWORD not in model_traffic
+    assert "ada" in model_traffic and "not a secret" in model_traffic  # the rest is kept
+    assert "[REDACTED]" in model_traffic

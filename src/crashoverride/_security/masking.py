@@ -14,6 +14,7 @@ field or a pydantic model with an ``api_key``. Two things keep those values in t
 from __future__ import annotations
 
 import dataclasses
+import re
 import reprlib
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -212,3 +213,29 @@ def mask_query(
             part = f"{name}={MASK}"
         kept.append(part)
     return "&".join(kept), values
+
+
+_DISPOSITION_NAME = re.compile(rb'(?i)content-disposition:[^\r\n]*?\bname="([^"\r\n]*)"')
+
+
+def mask_multipart(
+    body: bytes, content_type: str, is_secret: Callable[[str], bool] = secrets.is_secret_name
+) -> bytes:
+    """A ``multipart/form-data`` body with the values of secret-named fields masked.
+
+    Everything else stays byte for byte: the boundaries, each part's headers, other fields and
+    files. A body whose boundary cannot be read is returned as it is (the value scan still
+    applies to it, as to any text)."""
+    found = re.search(r'boundary=(?:"([^"]+)"|([^;\s]+))', content_type, re.IGNORECASE)
+    if found is None:
+        return body
+    delimiter = b"--" + (found.group(1) or found.group(2)).encode("latin-1")
+    parts = body.split(delimiter)
+    for index, part in enumerate(parts[1:], 1):
+        head, sep, value = part.partition(b"\r\n\r\n")
+        named = _DISPOSITION_NAME.search(head)
+        if not sep or named is None or not is_secret(named.group(1).decode("latin-1")):
+            continue
+        ending = b"\r\n" if value.endswith(b"\r\n") else b""
+        parts[index] = head + sep + MASK.encode() + ending
+    return delimiter.join(parts)

@@ -19,6 +19,7 @@ from crashoverride.integration import (
     clip,
     is_secret_name,
     mask_fields,
+    mask_multipart,
     mask_query,
 )
 from crashoverride.integrations.asgi._exchange import ASGIApp, CapturedResponse, Exchange, replay
@@ -126,6 +127,9 @@ class RequestInfo:
         kind = (self.header("content-type") or "").lower()
         if kind.startswith("application/x-www-form-urlencoded"):
             return mask_query(body.decode("latin-1"), self._is_secret)[0].encode("latin-1")
+        if kind.startswith("multipart/form-data"):
+            # The boundary is case-sensitive: read it from the header as sent.
+            return mask_multipart(body, self.header("content-type") or "", self._is_secret)
         try:
             data = json.loads(body)
         except ValueError:
