@@ -348,6 +348,37 @@ def test_a_tampered_record_is_refused_and_logged(url: str, tamper: str) -> None:
     assert events(logs, "fleet.fix_applied") == [] and len(model.calls) == 2
 
 
+@pytest.mark.parametrize("signal", ["asyncio.CancelledError()", "GeneratorExit()", "Halt()"])
+def test_a_fix_that_raises_a_control_signal_cannot_replace_the_failure(
+    url: str, signal: str
+) -> None:
+    # A signed record whose code, while it is defined, raises what only the runtime may raise:
+    # it is refused like any fix that raises, and the failure is recovered here as usual.
+    from crashoverride._fleet import records
+
+    leader = fixed_elsewhere(url)
+    client, name, envelope = _stored_fix(url)
+    envelope["record"]["targets"][0]["source"] = (
+        "import asyncio\nclass Halt(BaseException): pass\n"
+        f"raise {signal}\ndef transform(value):\n    return 666\n"
+    )
+    client.set(name, records.sign(envelope["record"], FLEET_KEY.encode()))
+    client.close()
+    model = script(exec_python(PATCH), done("patched"))
+    later = app(url, model)
+
+    @later.handler()
+    def later_job(i: int) -> int:
+        return transform(i)
+
+    with capture_logs() as logs:
+        assert later_job(4) == 40  # by its own agent run, not by the record
+    close_fleet(leader, later)
+    (refused,) = events(logs, "fleet.fix_refused")
+    assert "only the runtime may raise" in refused["reason"]
+    assert events(logs, "fleet.fix_applied") == [] and len(model.calls) == 2
+
+
 def authorise(amount: int) -> int:
     raise LookupError("authorise")  # another failure than ``transform``'s
 

@@ -17,7 +17,13 @@ from types import CodeType
 from typing import Any
 
 from crashoverride._placement.frames import CallerLocals
-from crashoverride._security.gate import compile_agent, register_source, run_code
+from crashoverride._security.gate import (
+    ForgedSignal,
+    compile_agent,
+    forged,
+    register_source,
+    run_code,
+)
 
 _VALUE = "__crashoverride_value__"
 _HOIST = "__crashoverride_hoist__"
@@ -181,13 +187,8 @@ class Workspace:
             raise AgentExit(f"agent code called sys.exit({exc.code!r})") from None
         except Preempted:
             raise AgentExit(STOPPED) from None
-        except (Exception, KeyboardInterrupt):
-            raise  # a result, or an interrupt the pipeline re-raises once the recovery is over
-        except BaseException as exc:
-            # Run synchronously, agent code cannot be cancelled or closed from outside: a
-            # CancelledError, GeneratorExit or BaseException of its own is forged, and escaping
-            # it would replace the application's exception (or fake the caller's cancellation).
-            raise AgentExit(_forged(exc)) from None
+        except ForgedSignal as exc:  # ``run_code`` caught a control-flow signal agent code raised
+            raise AgentExit(str(exc)) from None
         if code.co_flags & inspect.CO_COROUTINE:
             # Top-level await: ``value`` is a coroutine, awaited wherever the bridge can.
             return self._finish_async(value, trailing)
@@ -208,7 +209,7 @@ class Workspace:
         except BaseException as exc:
             if _runtime_cancellation(exc):
                 raise  # the deadline's cancel scope, or the caller's own cancellation
-            raise AgentExit(_forged(exc)) from None
+            raise AgentExit(forged(exc)) from None
         return self.scratch.pop(_VALUE, None) if trailing else value
 
     def close(self) -> None:
@@ -218,13 +219,6 @@ class Workspace:
         self.scratch.clear()
         self._names.caller = None
         self.caller = None
-
-
-def _forged(exc: BaseException) -> str:
-    return (
-        f"agent code raised {type(exc).__module__}.{type(exc).__qualname__}, which only the "
-        "runtime may raise (a cancellation, an interrupt, an exit); the recovery is over"
-    )
 
 
 def _runtime_cancellation(exc: BaseException) -> bool:

@@ -30,6 +30,7 @@ from types import CodeType
 from typing import Any, Final, NamedTuple, Protocol
 
 from crashoverride._placement.bridge import Dispatch
+from crashoverride._placement.watchdog import Preempted
 from crashoverride._security.audit import ApprovalRequest, Approver, ToolCallRecord
 from crashoverride._security.redact import Redacted, clip
 from crashoverride._security.text import format_tool_error, render_value
@@ -380,6 +381,31 @@ def compile_source(source: str) -> CodeType:
     return compile_agent(source, "exec")
 
 
+class ForgedSignal(Exception):
+    """Agent code raised a ``BaseException`` that only the runtime may raise."""
+
+
+def forged(exc: BaseException) -> str:
+    """Why a recovery whose agent code raised ``exc`` (a forged control-flow signal) is over."""
+    return (
+        f"agent code raised {type(exc).__module__}.{type(exc).__qualname__}, which only the "
+        "runtime may raise (a cancellation, an interrupt, an exit); the recovery is over"
+    )
+
+
 def run_code(code: CodeType, globals_: dict[str, Any], names: Any = None) -> Any:
-    """Run compiled agent code: an expression's value, or None for statements."""
-    return eval(code, globals_, names)
+    """Run compiled agent code: an expression's value, or None for statements.
+
+    Run synchronously, agent code cannot be cancelled or closed from outside: a
+    ``CancelledError``, ``GeneratorExit`` or ``BaseException`` of its own that escapes it is
+    forged, and would replace the application's exception (or fake the caller's cancellation)
+    wherever the code runs (a snippet, a recipe, a fleet fix being defined). It leaves as
+    ``ForgedSignal``. ``KeyboardInterrupt`` and ``SystemExit`` keep their own handling, and
+    ``Preempted`` is the watchdog's stop.
+    """
+    try:
+        return eval(code, globals_, names)
+    except (Exception, KeyboardInterrupt, SystemExit, Preempted):
+        raise
+    except BaseException as exc:
+        raise ForgedSignal(forged(exc)) from None
