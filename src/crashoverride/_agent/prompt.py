@@ -82,7 +82,7 @@ what change). Do not ask questions: nobody will answer them.
 
 
 # Anything a model could read as one of our markers: any case, spacing or separator (a slash
-# of any kind included), read from the text's skeleton (``_skeleton``).
+# of any kind included), read from what a reader may see (``_Seen``).
 _MARKER = re.compile(r"<[\W_]*untrusted[\W_]*data", re.IGNORECASE)
 # What NFKD leaves a reader could still take for "<" or a letter of the markers' name: angle
 # brackets of other blocks, the Cyrillic, Greek and Armenian letters that look like Latin ones,
@@ -98,32 +98,32 @@ _UNSEEN = frozenset({"Mn", "Me", "Cf"})
 _SOURCE = re.compile(r"[^\w .:()-]")
 
 
-def _skeleton(text: str) -> tuple[str, list[int]]:
-    """``text`` as a reader may see it (compatibility forms folded, accents and invisible
-    characters dropped, look-alikes mapped), and for each of its characters the index of the
-    character of ``text`` it comes from."""
-    seen: list[str] = []
-    origin: list[int] = []
-    for index, char in enumerate(text):
-        if char.isascii():
-            seen.append(char)
-            origin.append(index)
-            continue
-        for part in unicodedata.normalize("NFKD", char):
-            if unicodedata.category(part) not in _UNSEEN:
-                seen.append(part.translate(_LOOK_ALIKES))
-                origin.append(index)
-    return "".join(seen), origin
+class _Seen(dict[int, str]):
+    """What a reader may see for a character (``str.translate`` table, filled as it is used):
+    its compatibility form, accents and invisible characters dropped, look-alikes mapped."""
+
+    def __missing__(self, code: int) -> str:
+        parts = unicodedata.normalize("NFKD", chr(code))
+        shown = "".join(p for p in parts if unicodedata.category(p) not in _UNSEEN)
+        if len(self) > 20_000:  # bounded: a text may hold any of a million characters
+            self.clear()
+        self[code] = shown = shown.translate(_LOOK_ALIKES)
+        return shown
+
+
+_SEEN = _Seen()
 
 
 def _defused(text: str) -> str:
     """``text`` with the bracket of everything that reads as a marker written as ``&lt;``."""
     if text.isascii():
         return _MARKER.sub(lambda found: "&lt;" + found.group()[1:], text)
-    skeleton, origin = _skeleton(text)
-    brackets = {origin[found.start()] for found in _MARKER.finditer(skeleton)}
-    if not brackets:
+    found = [match.start() for match in _MARKER.finditer(text.translate(_SEEN))]
+    if not found:
         return text
+    # Each position of the skeleton, back to the character of ``text`` it comes from.
+    origin = [index for index, char in enumerate(text) for _ in char.translate(_SEEN)]
+    brackets = {origin[start] for start in found}
     return "".join("&lt;" if i in brackets else char for i, char in enumerate(text))
 
 
