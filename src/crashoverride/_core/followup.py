@@ -77,10 +77,16 @@ class FollowupRecord:
             bindings={**block.bindings, "give_up": state.give_up},
         )  # fmt: skip
         self.workspace.deadline = self.deadline.at
-        # The report carries the failure's text (messages, values, tool results) and the
-        # recovery agent's notes may repeat it: both are fenced as data.
+        # The report carries the failure's text (messages, values, tool results), and what the
+        # recovery agent wrote (its notes, an objective it asked for) may repeat it: all are
+        # fenced as data. Only an objective the developers declared is their instruction.
         fence = Fence()
-        text = f"Follow-up {job.id}. Your objective:\n{job.objective}\n\n"
+        if job.origin == "handler":
+            text = f"Follow-up {job.id}. Your objective (from the application's developers):\n"
+            text += f"{job.objective}\n\n"
+        else:
+            text = f"Follow-up {job.id}. Your objective, written by the recovery agent:\n"
+            text += f"{fence(job.objective, 'objective')}\n\n"
         if job.context:
             text += f"Notes from the recovery agent:\n{fence(job.context, 'notes')}\n\n"
         text += "The recovery report:\n" + fence(render_report(job.report), "recovery report")

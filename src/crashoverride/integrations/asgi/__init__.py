@@ -277,16 +277,17 @@ class CrashOverrideMiddleware:
         """After ``http.response.start``: a background task's failure, or a stream's."""
         from crashoverride.integrations.asgi._after import BackgroundRecovery, locate
 
-        queued = locate(exc) if exchange.finished else None
-        if queued is not None:
+        queued = locate(exc)
+        if queued is not None and exchange.finished:
             background = BackgroundRecovery(self.handler, self._fields(exchange))
             recovered = await background.recover(exc, queued)
             if isinstance(recovered, BaseException) or not recovered:
                 return recovered or None  # the agent's raise_instead, or re-raise ``exc``
             return functools.partial(background.run, queued.after)
-        if not self._repair_after_start or exchange.finished:
-            # A finished response is not replayed for a repair: its background tasks would
-            # run again with it.
+        if not self._repair_after_start or exchange.finished or queued is not None:
+            # Never replayed for a repair: a response that finished, or one whose background
+            # task raised (its end went out in some way not known here), would run its
+            # background tasks again, the ones that already ran included.
             self._skip(exc, exchange, _STARTED)
             return None
         return await self._recover(exc, exchange)  # repair-only: the exception propagates

@@ -3,8 +3,9 @@
 Imported only once such a failure happened, so nothing here is on the happy path.
 
 Background tasks. Starlette (and FastAPI, whose ``BackgroundTasks`` subclasses Starlette's) runs
-a response's ``background`` after sending the last body message: ``Response.__call__`` awaits it,
-a ``BackgroundTasks`` awaits its tasks one after another, a ``BackgroundTask`` awaits its
+a response's ``background`` after the end of its content (its last body message, or the file
+sent by path: ``_exchange.ends_response``): ``Response.__call__`` awaits it, a
+``BackgroundTasks`` awaits its tasks one after another, a ``BackgroundTask`` awaits its
 ``func`` (or runs it in the thread pool). A task that raises ends that loop: the rest never run,
 and the exception leaves the app through this middleware. A pure ASGI middleware never sees the
 ``Response`` object, so the failed task is found where Python keeps it: the exception's

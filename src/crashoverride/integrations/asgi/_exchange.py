@@ -23,6 +23,22 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 MAX_CAPTURED_BODY = 32 * 1024 * 1024
 
 
+# Messages that carry the response's content. A body message (and a zero-copy send, its
+# extension) ends the response when no more body follows; a file sent by path
+# (``http.response.pathsend``, offered by servers such as Granian and used by Starlette's
+# ``FileResponse``) is always the whole of it.
+_CONTENT = frozenset({"http.response.body", "http.response.zerocopysend"})
+_WHOLE = frozenset({"http.response.pathsend"})
+
+
+def ends_response(message: Message) -> bool:
+    """Whether ``message`` is the last of its response's content: after it the client has its
+    whole answer, and Starlette runs the response's background tasks. The one test of the end,
+    for the live response and a replay's alike."""
+    kind = message["type"]
+    return kind in _WHOLE or (kind in _CONTENT and not message.get("more_body", False))
+
+
 class NotReplayable(RuntimeError):
     """The request cannot be run again (its body was too large, or the client left)."""
 
@@ -67,8 +83,8 @@ class Exchange:
         # The request has a body still to come: declared by its headers, or begun by the app.
         self.declared = False
         self.started = False
-        # The response's last body message went out: what fails now (a background task) fails
-        # after the client has its whole answer.
+        # The response's last content went out (``ends_response``): what fails now (a background
+        # task) fails after the client has its whole answer.
         self.finished = False
         self.disconnected = False
         # Raised by the server's (or an outer middleware's) receive/send: not the app's failure.
@@ -99,7 +115,7 @@ class Exchange:
         except Exception as exc:
             self.channel_error = exc
             raise
-        if kind == "http.response.body" and not message.get("more_body", False):
+        if ends_response(message):
             self.finished = True
 
     def raised_by_channel(self, exc: BaseException) -> bool:
@@ -288,7 +304,10 @@ async def replay(app: ASGIApp, exchange: Exchange) -> CapturedResponse:
             if size > MAX_CAPTURED_BODY:
                 raise RuntimeError(f"the replayed response exceeds {MAX_CAPTURED_BODY} bytes")
             parts.append(chunk)
-            done = not message.get("more_body", False)
+            done = ends_response(message)
+        elif ends_response(message):
+            # Another way to send the content, which the replay did not offer (see above).
+            raise RuntimeError(f"the replay sent its response as {kind}, which it cannot capture")
 
     await app(scope, replay_receive, capture)
     if status is None or not done:
