@@ -197,7 +197,7 @@ def _shielded(
 
 def gated(tool: Any, gate: Gate, source: str) -> Any:
     """An SDK function tool that runs ``tool`` through ``gate``; refuses tools it cannot wrap."""
-    from agents import FunctionTool
+    from agents import Agent, FunctionTool
     from agents.tool import set_function_tool_failure_error_function
 
     if not isinstance(tool, FunctionTool):
@@ -209,7 +209,9 @@ def gated(tool: Any, gate: Gate, source: str) -> Any:
         )
     if getattr(tool, "_is_agent_tool", False):  # ``Agent.as_tool()``: a run of another agent
         runs = getattr(tool, "_agent_instance", None)
-        if runs is None or runs.tools or runs.handoffs or runs.mcp_servers:
+        # Its run is one tool call to us: only an agent that can call no tool of its own may
+        # run inside it (its tools would never pass the gate).
+        if runs is None or not isinstance(runs, Agent) or _own_tools(runs):
             raise TypeError(
                 f"the {source} tool {tool.name!r} runs the agent "
                 f"{getattr(runs, 'name', '?')!r}, whose own tools would run inside that "
@@ -236,13 +238,38 @@ def gated(tool: Any, gate: Gate, source: str) -> Any:
     return set_function_tool_failure_error_function(outer, tool_failure)
 
 
+# What an agent's class may not redefine: the SDK asks these what the agent offers, so a class
+# of its own could offer tools the gate never wrapped (or keep the ones it removed).
+_OFFERS: Final = ("get_all_tools", "get_mcp_tools", "clone")
+
+
+def _offers_unlisted(agent: Any) -> str:
+    """How ``agent`` would offer tools that are not listed on it ("" when it cannot)."""
+    from agents import Agent
+
+    if not isinstance(agent, Agent):
+        return "it is no Agent"
+    redefined = [name for name in _OFFERS if getattr(type(agent), name) is not getattr(Agent, name)]
+    if redefined:
+        return f"its class redefines {', '.join(redefined)}"
+    if getattr(agent, "capabilities", None):  # a sandbox agent's shell, files, patches
+        return "its capabilities add tools"
+    return ""
+
+
+def _own_tools(agent: Any) -> bool:
+    """Whether ``agent`` can call tools: listed ones, or ones it adds at run time."""
+    return bool(agent.tools or agent.handoffs or agent.mcp_servers or _offers_unlisted(agent))
+
+
 async def gate_agent(agent: Any, builtin: list[Any], gate: Gate, *, external: bool) -> Any:
     """``agent`` with every tool gated: the built-in ones as they are, the others wrapped.
 
     MCP servers' tools are listed once, here, and offered as gated function tools (the SDK
     would otherwise call the servers directly). The agents it hands off to are gated the same
-    way, at any depth (their own tools as ``"handoff"``). ``external`` False (diagnose mode):
-    only the built-in tools are offered, and no handoff, whatever the factory added.
+    way, at any depth (their own tools as ``"handoff"``), and each transfer is itself a gated
+    call (``"handoff"``). ``external`` False (diagnose mode): only the built-in tools are
+    offered, and no handoff, whatever the factory added.
     """
     ours = {id(tool) for tool in builtin}
     return await _gated_agent(agent, ours, gate, external, "application", {})
@@ -254,6 +281,13 @@ async def _gated_agent(
     done = made.get(id(agent))
     if done is not None:  # handoffs may lead back to an agent already gated (a cycle)
         return done
+    unlisted = _offers_unlisted(agent)
+    if unlisted:
+        raise TypeError(
+            f"the agent {getattr(agent, 'name', '?')!r} ({type(agent).__name__}) chooses at run "
+            f"time which tools it offers ({unlisted}), so they cannot pass approve= and the "
+            "audit trail; use an Agent with its tools listed"
+        )
     tools = [tool for tool in agent.tools if id(tool) in ours]
     if external:
         others = [(tool, source) for tool in agent.tools if id(tool) not in ours]
@@ -269,17 +303,62 @@ async def _gated_agent(
     return clone
 
 
-async def _handed(target: Any, ours: set[int], gate: Gate, made: dict[int, Any]) -> Any:
-    from agents import Agent
+class HandoffRefused(Exception):
+    """A transfer the gate did not let through: the run ends (the SDK has no way to stay with
+    the agent that asked), and the recovery's reason says why."""
 
-    if not isinstance(target, Agent):
-        name = getattr(target, "agent_name", None) or getattr(target, "tool_name", "?")
+
+async def _handed(target: Any, ours: set[int], gate: Gate, made: dict[int, Any]) -> Any:
+    """A handoff whose transfer is a gated call and whose agent is gated, whichever it picks.
+
+    An ``Agent`` is gated here, at any depth; a ``Handoff`` picks its agent only when called
+    (after the application's ``on_handoff`` ran with the model's arguments), so that agent is
+    gated then, before the run reaches it.
+    """
+    from agents import Agent, Handoff, handoff
+
+    if isinstance(target, Agent):
+        clone = await _gated_agent(target, ours, gate, True, "handoff", made)
+        transfer = handoff(clone)  # the SDK's own transfer to it; nothing else runs
+
+        async def pick(ctx: Any, text: str) -> Any:
+            return clone
+
+    elif isinstance(target, Handoff):
+        transfer = copy.copy(target)
+        transfer._agent_ref = None  # it names an agent that is not gated; ours is returned
+        choose = target.on_invoke_handoff
+
+        async def pick(ctx: Any, text: str) -> Any:
+            return await _gated_agent(await choose(ctx, text), ours, gate, True, "handoff", made)
+
+    else:
         raise TypeError(
-            f"the handoff to {name!r} ({type(target).__name__}) chooses its agent only when it "
-            "is called, so that agent's tools cannot pass approve= and the audit trail; hand "
-            "off to the Agent itself instead"
+            f"the handoff {target!r} ({type(target).__name__}) is neither an Agent nor a "
+            "Handoff, so it cannot pass approve= and the audit trail"
         )
-    return await _gated_agent(target, ours, gate, True, "handoff", made)
+    name = transfer.tool_name
+
+    async def on_invoke(ctx: Any, text: str) -> Any:
+        picked: list[Any] = []
+
+        async def execute() -> tuple[Any, bool]:
+            try:
+                picked.append(await pick(ctx, text))
+            except Exception as exc:
+                return format_tool_error(exc), False
+            return f"handed off to {picked[0].name}", True
+
+        ran = await gate.run(ApprovalRequest.of_json(name, text, "handoff"), execute)
+        if not picked:
+            why = ran.approved_by if not ran.allowed else _text_of(ran.output)
+            raise HandoffRefused(
+                f"the handoff {name} was not made: {clip(gate.job.redact(why), 500)}"
+            )
+        return picked[0]
+
+    transfer.on_invoke_handoff = on_invoke
+    return transfer
 
 
 # -- agent code outside an agent's tool calls: recipes replayed, fleet fixes applied ------------
