@@ -5,11 +5,13 @@ follow-up's run all go through ``Gate.call``: ``approve=`` sees each call (its t
 arguments) before it runs, a denied call never runs, and every call, denied ones included, is
 one ``ToolCallRecord`` in ``report.tool_calls`` and one ``*.tool_called`` event.
 
-The tools of the agents a run hands off to (``Agent.handoffs``, at any depth) are gated the
-same way. SDK tools that do not run through a function we can wrap (hosted tools such as web
-search, a computer or shell tool), a ``Handoff`` (it picks its agent when called) and an agent
-offered as a tool whose agent has tools of its own cannot pass the gate, so a run that is
-offered one refuses to start.
+Handoffs (``Agent`` or ``Handoff``, at any depth) are gated the same way: each transfer is a
+call ``approve=`` sees (``source == "handoff"``) before the application's ``on_handoff`` runs,
+and the agent it leads to has every tool gated. SDK tools that do not run through a function we
+can wrap (hosted tools such as web search, a computer or shell tool), an agent offered as a
+tool whose agent can call tools of its own, and an agent that chooses its tools at run time (a
+class redefining what the SDK asks, a sandbox agent's capabilities) cannot pass the gate, so a
+run that is offered one refuses to start.
 
 Agent code that is no tool call of a running agent (a recipe replayed on a new frame, a fleet
 fix applied here) passes ``run_agent_code``: the mode first, then the same approval and audit.
@@ -211,7 +213,8 @@ def gated(tool: Any, gate: Gate, source: str) -> Any:
         runs = getattr(tool, "_agent_instance", None)
         # Its run is one tool call to us: only an agent that can call no tool of its own may
         # run inside it (its tools would never pass the gate).
-        if runs is None or not isinstance(runs, Agent) or _own_tools(runs):
+        if not isinstance(runs, Agent) or runs.tools or runs.handoffs or runs.mcp_servers \
+                or _offers_unlisted(runs):  # fmt: skip
             raise TypeError(
                 f"the {source} tool {tool.name!r} runs the agent "
                 f"{getattr(runs, 'name', '?')!r}, whose own tools would run inside that "
@@ -238,8 +241,7 @@ def gated(tool: Any, gate: Gate, source: str) -> Any:
     return set_function_tool_failure_error_function(outer, tool_failure)
 
 
-# What an agent's class may not redefine: the SDK asks these what the agent offers, so a class
-# of its own could offer tools the gate never wrapped (or keep the ones it removed).
+# The SDK asks these what an agent offers: a class redefining one could offer tools never gated.
 _OFFERS: Final = ("get_all_tools", "get_mcp_tools", "clone")
 
 
@@ -255,11 +257,6 @@ def _offers_unlisted(agent: Any) -> str:
     if getattr(agent, "capabilities", None):  # a sandbox agent's shell, files, patches
         return "its capabilities add tools"
     return ""
-
-
-def _own_tools(agent: Any) -> bool:
-    """Whether ``agent`` can call tools: listed ones, or ones it adds at run time."""
-    return bool(agent.tools or agent.handoffs or agent.mcp_servers or _offers_unlisted(agent))
 
 
 async def gate_agent(agent: Any, builtin: list[Any], gate: Gate, *, external: bool) -> Any:
@@ -281,13 +278,10 @@ async def _gated_agent(
     done = made.get(id(agent))
     if done is not None:  # handoffs may lead back to an agent already gated (a cycle)
         return done
-    unlisted = _offers_unlisted(agent)
-    if unlisted:
-        raise TypeError(
-            f"the agent {getattr(agent, 'name', '?')!r} ({type(agent).__name__}) chooses at run "
-            f"time which tools it offers ({unlisted}), so they cannot pass approve= and the "
-            "audit trail; use an Agent with its tools listed"
-        )
+    if unlisted := _offers_unlisted(agent):
+        name = getattr(agent, "name", "?")
+        raise TypeError(f"the agent {name!r} chooses its tools at run time ({unlisted}), so "
+                        "they cannot pass approve= and the audit trail")  # fmt: skip
     tools = [tool for tool in agent.tools if id(tool) in ours]
     if external:
         others = [(tool, source) for tool in agent.tools if id(tool) not in ours]
@@ -304,17 +298,13 @@ async def _gated_agent(
 
 
 class HandoffRefused(Exception):
-    """A transfer the gate did not let through: the run ends (the SDK has no way to stay with
-    the agent that asked), and the recovery's reason says why."""
+    """A transfer not made (denied, or its agent refused): the run ends, as the SDK cannot stay
+    with the agent that asked; the recovery's reason says why."""
 
 
 async def _handed(target: Any, ours: set[int], gate: Gate, made: dict[int, Any]) -> Any:
-    """A handoff whose transfer is a gated call and whose agent is gated, whichever it picks.
-
-    An ``Agent`` is gated here, at any depth; a ``Handoff`` picks its agent only when called
-    (after the application's ``on_handoff`` ran with the model's arguments), so that agent is
-    gated then, before the run reaches it.
-    """
+    """A handoff whose transfer is a gated call and whose agent is gated: an ``Agent`` here, the
+    agent a ``Handoff`` picks when called (after its ``on_handoff`` ran) then."""
     from agents import Agent, Handoff, handoff
 
     if isinstance(target, Agent):
@@ -333,10 +323,7 @@ async def _handed(target: Any, ours: set[int], gate: Gate, made: dict[int, Any])
             return await _gated_agent(await choose(ctx, text), ours, gate, True, "handoff", made)
 
     else:
-        raise TypeError(
-            f"the handoff {target!r} ({type(target).__name__}) is neither an Agent nor a "
-            "Handoff, so it cannot pass approve= and the audit trail"
-        )
+        raise TypeError(f"the handoff {target!r} is neither an Agent nor a Handoff")
     name = transfer.tool_name
 
     async def on_invoke(ctx: Any, text: str) -> Any:
