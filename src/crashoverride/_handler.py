@@ -55,6 +55,11 @@ class Handler:
         if overrides:
             # Validate now: bad input fails at construction, not at the first failure.
             self._settings = app._settings.for_handler({"prompt": prompt, **overrides})
+            coordination = app._settings.coordination
+            if coordination is not None and coordination.apply_fixes == "eager":
+                from crashoverride._fleet.eager import check_handler
+
+                check_handler(app._settings, self._settings)
 
     # -- settings and reports --------------------------------------------------------------
 

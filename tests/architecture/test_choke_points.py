@@ -110,6 +110,7 @@ SITES: Final[dict[tuple[str, str, str], str]] = {
 GATED: Final[dict[tuple[str, str], str]] = {
     ("crashoverride._agent.sdk_tools", "_sdk_tool.invoke"): "gate.call",  # built-in tools
     (GATE, "gated.on_invoke"): "gate.call",  # application, MCP and handoffs' tools
+    (GATE, "_handed.on_invoke"): "gate.run",  # a handoff's transfer (its on_handoff)
     ("crashoverride._agent.run", "_run"): "gate_agent",  # the agent and its handoffs
     ("crashoverride._repair.recipes", "replay"): "run_agent_code",  # recipe replays
     ("crashoverride._fleet.records", "receive"): "run_agent_code",  # fleet fixes

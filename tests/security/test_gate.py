@@ -173,7 +173,7 @@ def test_a_tool_the_gate_cannot_wrap_is_refused() -> None:
 
 def _with_helper(probe: Probe, attach: str) -> Any:
     """A factory whose agent can reach ``refunds``, an agent with an application tool."""
-    from agents import Agent, function_tool, handoff
+    from agents import Agent, function_tool
 
     def factory(**kwargs: Any) -> Any:
         helper = Agent(name="refunds", instructions="Refund orders.", model=kwargs.get("model"),
@@ -183,8 +183,6 @@ def _with_helper(probe: Probe, attach: str) -> Any:
             top = Agent(**kwargs, handoffs=[helper])
             helper.handoffs = [top]
             return top
-        if attach == "Handoff":
-            return Agent(**kwargs, handoffs=[handoff(helper)])
         kwargs["tools"] = [*kwargs["tools"], helper.as_tool("ask_refunds", "Ask for a refund.")]
         return Agent(**kwargs)
 
@@ -196,17 +194,22 @@ def test_a_handoff_agents_tools_pass_the_gate() -> None:
     model = script(
         tool_call("transfer_to_refunds", {}), tool_call("refund", {"order_id": 3}), done("no")
     )
-    co = CrashOverride(model=model, agent_factory=_with_helper(probe, "handoff"),
-                       approve=probe.deny_all)  # fmt: skip
+
+    def reviewer(call: ApprovalRequest) -> bool:
+        probe.seen.append(call)
+        return call.source == "handoff" and call.tool != "refund"  # the transfer, not the refund
+
+    co = CrashOverride(model=model, agent_factory=_with_helper(probe, "handoff"), approve=reviewer)
     handler = co.handler()
     with capture_logs() as logs, pytest.raises(ValueError), handler:
         raise ValueError("payment failed")
     assert probe.refunded == []  # the helper's tool never ran: the approver denied it
-    (asked,) = probe.seen
+    transfer, asked = probe.seen  # the transfer itself is a call approve= sees
+    assert (transfer, transfer.source) == ("transfer_to_refunds()", "handoff")
     assert (asked, asked.source) == ("refund(order_id=3)", "handoff")
     assert handler.report is not None
     trail = [(c.tool, c.source, c.ok) for c in handler.report.tool_calls]
-    assert trail == [("refund", "handoff", False)]
+    assert trail == [("transfer_to_refunds", "handoff", True), ("refund", "handoff", False)]
     assert [(t, s, ok) for t, s, ok, _ in _tool_events(logs)] == trail
 
 
@@ -220,16 +223,15 @@ def test_diagnose_mode_offers_no_handoff() -> None:
     assert model.calls[0].handoffs == []
 
 
-@pytest.mark.parametrize("attach", ["Handoff", "as_tool"])
-def test_a_handoff_or_agent_tool_the_gate_cannot_reach_is_refused(attach: str) -> None:
+def test_an_agent_tool_the_gate_cannot_reach_is_refused() -> None:
     probe = Probe()
     model = script(done("never asked"))
-    handler = CrashOverride(model=model, agent_factory=_with_helper(probe, attach)).handler()
+    handler = CrashOverride(model=model, agent_factory=_with_helper(probe, "as_tool")).handler()
     with pytest.raises(ValueError), handler:
         raise ValueError
     assert handler.report is not None
     reason = handler.report.reason
-    assert "refunds" in reason or "ask_refunds" in reason
+    assert "ask_refunds" in reason
     assert "cannot pass approve= and the audit trail" in reason
     assert not model.calls  # the run never started
 

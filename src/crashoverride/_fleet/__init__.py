@@ -5,6 +5,6 @@ one connection to Redis, usable from any thread or loop), ``scripts`` (the Redis
 Lua scripts), ``records`` (signed fix records: made, verified, applied), ``eager``
 (``apply_fixes="eager"``: apply records as they are published).
 
-May import: ``_placement``, ``_security``, ``_config``, ``_observe``, ``_repair``,
+May import: ``_errors``, ``_placement``, ``_security``, ``_config``, ``_observe``, ``_repair``,
 ``_admission``; type-only: ``_core.recovery``.
 """

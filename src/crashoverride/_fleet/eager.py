@@ -4,8 +4,14 @@ Every published record is also announced: its key goes into a namespace-wide ind
 set by time, trimmed to ``record_ttl``) and onto a namespace-wide channel. An eager process
 subscribes to that channel, THEN reads the index (nothing published in between is missed), and
 applies each record by the same rules as on failure: signature, code digests, the mode and
-``approve=`` (the application's), through the gate; with no report to hold its audit line, each
-application is a ``fleet.tool_called`` event.
+``approve=``, through the gate; with no report to hold its audit line, each application is a
+``fleet.tool_called`` event.
+
+Which approver: no failure has happened, so no handler owns the fix; the application's mode and
+``approve=`` are the only ones that can be asked. A handler that declares a stricter rule of its
+own (its own ``approve=``, a read-only ``mode=``) would be bypassed: the fix would replace the
+code its block runs before the failure it would have judged. Such a handler is refused when it
+is declared (``check_handler``), so every rule in force is one eager application asks.
 
 It runs on the fleet's helper loop, from the first failure or ``warm_up()`` of a process on; a
 forked child starts its own. Redis going away only pauses it (``retry_after``).
@@ -43,6 +49,29 @@ async def announce(client: Any, option: RedisCoordination, fix_key: str) -> None
     """After a record is stored: index it (bounded by age and count) and announce it."""
     index = index_key(option.namespace)
     await client.eval(ANNOUNCE, 1, index, fix_key, ms(option.record_ttl), _MAX_INDEXED)
+
+
+def check_handler(app: Settings, handler: Settings) -> None:
+    """Refuse a handler whose own rules eager application would bypass (see the docstring).
+
+    Raises:
+        ConfigurationError: names ``approve`` or ``mode``.
+    """
+    from crashoverride._errors import ConfigurationError
+    from crashoverride._security.gate import changes_allowed
+
+    coordination = app.coordination
+    if coordination is None or coordination.apply_fixes != "eager" or not changes_allowed(app.mode):
+        return  # nothing is applied eagerly here
+    why = (
+        'with apply_fixes="eager" fleet fixes are applied before any handler fails, so '
+        "only the application's {} can decide them; set it on the CrashOverride, or use "
+        'apply_fixes="on-failure"'
+    )
+    if handler.approve is not app.approve and handler.approve != app.approve:  # a bound method
+        raise ConfigurationError("approve", why.format("approve="))
+    if not changes_allowed(handler.mode):
+        raise ConfigurationError("mode", why.format("mode="))
 
 
 EAGER = fixed("eager")  # the fleet role of the eager subscriber's events

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import os
 import threading
 import weakref
@@ -142,7 +143,11 @@ class Link:
                 await operation(client)
                 return
 
-        future = asyncio.run_coroutine_threadsafe(main(), _helper_loop())
+        # In a context of its own: it outlives the caller, and must not carry the caller's
+        # context variables (under trio, sniffio's says "trio", and an async approver the
+        # subscriber awaits on this asyncio loop would take trio's primitives).
+        start = asyncio.run_coroutine_threadsafe
+        future = contextvars.Context().run(start, main(), _helper_loop())
         future.add_done_callback(_retrieved)
         self._background.append(future)
 
