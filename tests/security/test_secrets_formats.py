@@ -60,6 +60,11 @@ FORMATS = {
     "export": "export GITHUB_TOKEN={v}",
     "export, quoted": 'export AWS_SECRET_ACCESS_KEY="{v}"',
     "command-line flag": "mysql -u root --password={v} app",
+    "command-line flag and word": "deploy --api-key {v} --region eu",
+    "connection string": "Server=db;Database=app;User Id=app;Password={v};",
+    "camelCase key": '{"accountKey": "{v}", "accountName": "app"}',
+    "privkey": "privkey: {v}",
+    "db_pass": "db_pass={v}",
     "env var before a command": "PGPASSWORD={v} psql -h db",
     ".env text": "REGION=eu\nDB_PASSWORD={v}\nDEBUG=1\n",
     ".env text, repr": repr("REGION=eu\nSTRIPE_KEY={v}\nDEBUG=1\n"),
@@ -93,6 +98,9 @@ CASES.update(
         "short value, export": ("export GITHUB_TOKEN=hunter2x", "hunter2x"),
         "short value, flag": ("deploy --token=hunter2x", "hunter2x"),
         "short value, Authorization": ("Authorization: ApiKey hunter2x", "hunter2x"),
+        "word, connection string": ("Server=db;Password=sunshine;", "sunshine"),
+        "word, .env": ("DB_PASSWORD=sunshine", "sunshine"),
+        "word, flag": ("psql --password=sunshine", "sunshine"),
     }
 )
 
@@ -118,6 +126,9 @@ ORDINARY = [
     "fields = ('user', 'email', 'created_at')",
     "token_type: bearer",
     "expires_in=3600",
+    "usage: deploy --password PASSWORD --api-key-file /etc/app/key --token $DEPLOY_TOKEN",
+    '{"tokenType": "Bearer", "eventKey": "Enter", "sortKey": "created_at"}',
+    "x = {'hashKey': 'user_id', 'rangeKey': 'created_at'}",
     # Templates and placeholders.
     'password: "${DB_PASSWORD}"',
     "DB_PASSWORD={{ vault_db_password }}",

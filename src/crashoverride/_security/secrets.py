@@ -26,20 +26,22 @@ import re
 from collections.abc import Callable, Iterator
 
 _SECRET_WORDS = (
-    r"(passw(or)?d|passphrase|^pass$|[_-]pwd$|secret|token|api[_-]?key|(^|[_-])key$|"
-    r"private[_-]?key|access[_-]?key|(^|[_-])pat$|(^|[_-])auth$|authori[sz]ation|cookie|"
-    r"credential|session[_-]?id|signature|dsn)"
+    r"(passw(or)?d|passphrase|(^|[_-])pass$|[_-]pwd$|secret|token|api[_-]?key|(^|[_-])key$|"
+    r"(?-i:[a-z0-9]Key$)|priv(ate)?[_-]?key|access[_-]?key|(^|[_-])pat$|(^|[_-])auth$|"
+    r"authori[sz]ation|cookie|credential|session[_-]?id|signature|dsn)"
 )
 # Names that contain a secret word but name a count, a kind, a place or a lookup key:
 # ``max_tokens``, ``token_type``, ``api_key_path``, ``idempotency_key``. Their values are what
 # the agent needs to see (an idempotency key tells whether a write already happened).
 _ORDINARY_WORDS = (
-    r"(tokens|tokeni[sz]\w*|_(type|count|limit|len|length|size|name|path|file|ttl|expiry|"
-    r"expires(_in|_at)?|header|env|var)|(^|[_-])(sort|cache|primary|partition|idempotency|"
-    r"foreign|lookup|group|row|dedup|routing|shard|dict|object)[_-]?key)$"
+    r"(tokens|tokeni[sz]\w*|[_-](type|count|limit|len|length|size|name|path|file|ttl|expiry|"
+    r"expires([_-]in|[_-]at)?|header|env|var)|(?-i:(Type|Count|Limit|Len|Length|Size|Name|"
+    r"Path|File|Ttl|Expiry|ExpiresIn|ExpiresAt|Header|Env|Var))|(^|[_-]|(?<=[a-z]))(sort|"
+    r"cache|primary|partition|idempotency|foreign|lookup|group|row|dedup|routing|shard|dict|"
+    r"object|hash|range)[_-]?key)$"
 )
 # Names whose values are secret even when they look ordinary (``password=hunter``).
-_ALWAYS_WORDS = r"passw(or)?d|passphrase|^pass$|[_-]pwd$|secret"
+_ALWAYS_WORDS = r"passw(or)?d|passphrase|(^|[_-])pass$|[_-]pwd$|secret"
 
 
 @functools.cache
@@ -119,6 +121,9 @@ def _alternatives() -> list[tuple[str, Callable[[str], bool]]]:
         # A ``(name, value)`` pair of strings: ``(b'x-api-key', b'...')`` in a header list.
         r"(?P<pair>(?<=[(\[])b?(?P<pk>['\"])(?P<pkey>[A-Za-z_][A-Za-z0-9_.-]{0,60})(?P=pk),"
         r"\s{0,3}b?(?P<pq>['\"])(?P<pval>[^'\"\s]{1,500})(?P=pq)(?=[)\]]))",
+        # ``--password hunter2``: a secret-named command-line flag and the word after it.
+        r"(?P<flag>(?<![\w-])--(?P<fkey>[A-Za-z][\w-]{0,60}+)[ \t]+)"
+        r"(?=(?P<fval>[^\s'\"<>$-][^\s'\"<>]{0,500}+))",
         # ``<password>value</password>``: a secret-named element of XML (settings files).
         r"(?P<xml><(?P<xkey>[A-Za-z_][\w.-]{0,60}+)(?:\s[^<>]{0,200})?>)"
         r"(?=(?P<xval>[^<>\r\n]{1,500})</(?P=xkey)>)",
@@ -134,11 +139,15 @@ def _alternatives() -> list[tuple[str, Callable[[str], bool]]]:
         "scheme": lambda text: any(word in text for word in ("earer", "oken", "asic")),
         "authz": lambda text: "uthori" in text.lower(),
         "assign": lambda text: ":" in text or "=" in text,
-        "pair": lambda text: "," in text,
+        "pair": lambda text: "," in text and any(o in text for o in _PAIR_OPENINGS),
+        "flag": lambda text: "--" in text,
         "xml": lambda text: "</" in text,
     }
     return [(part, guards[name]) for part, name in zip(parts, names, strict=True)]
 
+
+# How a ``(name, value)`` pair of strings opens (see the ``pair`` alternative).
+_PAIR_OPENINGS = ("('", '("', "(b'", '(b"', "['", '["', "[b'", '[b"')
 
 # Every literal a provider key format begins with (see the ``token`` alternative).
 _TOKEN_PREFIXES = (
@@ -165,10 +174,11 @@ def _pattern_for(text: str, default_names: bool) -> re.Pattern[str] | None:
 
 
 _NAMES = (
-    "pem", "pemtail", "token", "hook", "userinfo", "scheme", "authz", "assign", "pair", "xml",
+    "pem", "pemtail", "token", "hook", "userinfo", "scheme", "authz", "assign", "pair", "flag",
+    "xml",
 )  # fmt: skip
 # The alternatives whose match is a secret only under a secret-looking name.
-_NAMED = tuple(_NAMES.index(name) for name in ("assign", "pair", "xml"))
+_NAMED = tuple(_NAMES.index(name) for name in ("assign", "pair", "flag", "xml"))
 
 
 @functools.cache
@@ -308,6 +318,12 @@ def _span(
         # list of field names).
         secret = is_secret(str(group("pkey"))) and not _placeholder(pair)
         return match.span("pval") if secret and random_looking(pair) else None
+    flag = group("fval")
+    if flag is not None:
+        # Data, but usage text names a flag's value too (``--password PASSWORD``): the
+        # word must not read as a name.
+        secret = _assignment_secret(str(group("fkey")), flag, False, True, is_secret)
+        return match.span("fval") if secret else None
     if group("xml") is not None:
         value = str(group("xval"))
         secret = _assignment_secret(str(group("xkey")), value.strip(), True, True, is_secret)
@@ -333,16 +349,17 @@ def _assignment_span(
     key_end = match.end("key")
     if key[:1] in "nrt" and text[match.start("key") - 1 : match.start("key")] == "\\":
         key = key[1:]  # ``'...\nAPI_KEY=...'``: the escape's letter is not the name's
-    # A value after ``?``/``&`` is a query string or form body, not code.
-    literal = quoted or (start > 0 and text[start - 1] in "?&")
-    data = (
-        # A command-line flag (``--token=...``),
-        (start > 0 and text[start - 1] == "-")
-        # a header (``X-Api-Key: ...``: no name in code holds a ``-``),
-        or ("-" in key and sep == ":")
-        # a ``.env`` or shell line (``GITHUB_TOKEN=...``, ``export PGPASSWORD=...``).
+    # The value is data, as a string literal is, after ``?``/``&`` (a query string or form
+    # body), ``;`` (a connection string, a cookie), ``-`` (a command-line flag, ``--token=``)
+    # and in a ``.env`` or shell line (``GITHUB_TOKEN=...``, ``export PGPASSWORD=...``).
+    literal = (
+        quoted
+        or (start > 0 and text[start - 1] in "?&;-")
         or (sep == "=" and text[key_end : key_end + 1] == "=" and _env_name(key))
     )
+    # A header's value (``X-Api-Key: ...``: no name in code holds a ``-``) is no code either,
+    # though prose writes such names too (``secret-named: the``).
+    data = "-" in key and sep == ":"
     if _assignment_secret(key, str(group(name)), literal, data, is_secret):
         return match.span(name)
     return None
