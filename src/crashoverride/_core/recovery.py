@@ -107,7 +107,7 @@ class Recovery:
         self.waited = 0.0
         self.state = RunState()
         policy = settings.redaction
-        found = _secret_values(block, name_rule(policy.names if policy is not None else ()))
+        found = _secret_values(block, exc, name_rule(policy.names if policy is not None else ()))
         self.redact = Redactor.for_settings(settings, [*found, *block.secrets])
         self.exc_type = f"{type(exc).__module__}.{type(exc).__qualname__}"
         self.exception_text = self.redact(describe_exception(exc))
@@ -348,12 +348,17 @@ def drop_references(record: Recovery | FollowupRecord) -> None:
         block.release()
 
 
-def _secret_values(block: Block, is_secret_name: Callable[[str], bool]) -> list[str]:
-    """Values under secret-looking names in the protected frame, at any depth (to mask anywhere)."""
-    from crashoverride._security.masking import secret_values
+def _secret_values(
+    block: Block, exc: BaseException, is_secret_name: Callable[[str], bool]
+) -> list[str]:
+    """Values under secret-looking names in the protected frame, at any depth, and in the frames
+    the exception and its chain passed through (to mask anywhere: a callee's ``password`` that
+    its message quotes). Each walk has its own budget: the protected frame's comes first."""
+    from crashoverride._security.masking import secret_values, traceback_locals
 
     roots = [block.caller, block.frame.f_locals if block.frame is not None else None]
-    return secret_values([names for names in roots if names is not None], is_secret_name)
+    found = secret_values([names for names in roots if names is not None], is_secret_name)
+    return found + secret_values(traceback_locals(exc, block.frame), is_secret_name)
 
 
 def internal_failure(

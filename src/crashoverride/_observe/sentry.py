@@ -10,8 +10,10 @@ carries. Events go through ``capture_event``: ``before_send``, the event scrubbe
 options apply to them as to any other.
 
 The event this module sends passes the recovery's redactor as a whole, once the scopes have
-added their data: the exception's message, the frame's local variables (the SDK's scrubber
-knows only names), the scope's extras and breadcrumbs. The report it adds is redacted already.
+added their data and serialised as the SDK would send it: every exception's message in the
+chain, every frame's local variables (the SDK's scrubber knows only names), the scope's extras,
+contexts and breadcrumbs, bytes and objects by their repr. The report it adds is redacted
+already.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import sentry_sdk
 from sentry_sdk.scope import add_global_event_processor, use_isolation_scope, use_scope
+from sentry_sdk.serializer import serialize
 from sentry_sdk.utils import event_from_exception
 
 from crashoverride._observe.record import to_record
@@ -148,7 +151,17 @@ class SentryWatch:
             sentry_sdk.capture_event(event, hint=hint)
 
     def _redacted(self, event: Event, hint: dict[str, Any]) -> Event:
-        return cast("Event", self.redact(event))
+        # The SDK serialises the event after every processor: bytes, objects (by their repr,
+        # the client's ``custom_repr`` first) and trimmed values. Serialised here, by the
+        # SDK's own serialiser under the client's options, what is redacted is what is sent.
+        options = sentry_sdk.get_client().options
+        document = serialize(
+            cast("dict[str, Any]", event),
+            max_request_body_size=options.get("max_request_body_size"),
+            max_value_length=options.get("max_value_length"),
+            custom_repr=options.get("custom_repr"),
+        )
+        return cast("Event", self.redact(document))
 
 
 def start(rec: Any) -> SentryWatch | None:

@@ -157,6 +157,45 @@ def secret_values(
     return found
 
 
+_CHAIN = 16  # exceptions of a chain looked at
+_CHAIN_FRAMES = 32  # the innermost frames of each one's traceback
+
+
+def traceback_locals(
+    exc: BaseException, skip: types.FrameType | None = None
+) -> list[Mapping[str, Any]]:
+    """The locals of the frames ``exc`` and the exceptions chained to it passed through.
+
+    A message is often written where the secret is a local: ``connect(password)`` raising
+    ``f"authentication failed using {password!r}"`` in a callee, or a cause raised three frames
+    down. Their values, collected by ``secret_values``, are then masked in every message of the
+    chain. Bounded (``_CHAIN`` exceptions, the innermost ``_CHAIN_FRAMES`` frames of each),
+    innermost last (``secret_values`` walks the last roots first); crashoverride's own frames
+    and ``skip`` (the protected frame, walked already) are left out.
+    """
+    roots: list[Mapping[str, Any]] = []
+    seen: list[BaseException] = []
+    pending: list[BaseException] = [exc]
+    while pending and len(seen) < _CHAIN:
+        item = pending.pop(0)
+        if any(item is other for other in seen):
+            continue
+        seen.append(item)
+        frames = []
+        tb = item.__traceback__
+        while tb is not None:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        for frame in frames[-_CHAIN_FRAMES:]:
+            module = str(frame.f_globals.get("__name__", ""))
+            if frame is skip or module == "crashoverride" or module.startswith("crashoverride."):
+                continue
+            roots.append(frame.f_locals)
+        chained = [item.__cause__, item.__context__, *getattr(item, "exceptions", ())]
+        pending.extend(e for e in chained if isinstance(e, BaseException))
+    return roots[::-1]
+
+
 def _decoded(value: bytes | bytearray) -> str | None:
     return bytes(value).decode("utf-8", "replace") if len(value) <= _MAX_SCANNED else None
 

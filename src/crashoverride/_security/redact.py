@@ -168,16 +168,43 @@ def _walk(value: Any, redact: Callable[[str], str], is_secret: Callable[[str], b
         return redact(value)
     if isinstance(value, Mapping):
         return {
-            (redact(key) if isinstance(key, str) else key): (
+            (redact(key) if isinstance(key, str) else _walk(key, redact, is_secret)): (
                 MASK
-                if isinstance(key, str) and isinstance(item, str) and item and is_secret(key)
+                if isinstance(key, str) and _held(item) and is_secret(key)
                 else _walk(item, redact, is_secret)
             )
             for key, item in value.items()
         }
-    if isinstance(value, list | tuple):
+    if isinstance(value, list | tuple | set | frozenset):
         return [_walk(item, redact, is_secret) for item in value]
-    return value  # numbers, None, and objects a sink serialises itself (timestamps)
+    if isinstance(value, bool | int | float | None) or _plain(value):
+        return value  # numbers, None, timestamps: a sink serialises them, no secret in them
+    # Anything else (bytes, an object) a sink would render by its repr, after the redactor:
+    # rendered here, so that what is redacted is what goes out.
+    return redact(_repr(value))
+
+
+def _held(item: object) -> bool:
+    """Text a secret-looking key holds: masked whole. (A number or a flag is no secret; a
+    container is walked: Sentry's ``_meta`` mirrors the event's keys with objects.)"""
+    return isinstance(item, str | bytes | bytearray) and len(item) > 0
+
+
+def _plain(value: object) -> bool:
+    # By module, so that checking imports nothing: ``datetime``/``date``/``time``/``timedelta``,
+    # ``UUID``, ``Decimal`` (their text holds no secret; JSON renderers know them).
+    return type(value).__module__ in ("datetime", "uuid", "decimal", "_decimal", "_pydecimal")
+
+
+def _repr(value: object) -> str:
+    import reprlib
+
+    shortener = reprlib.Repr()
+    shortener.maxstring = shortener.maxother = 4_000
+    try:
+        return shortener.repr(value)
+    except Exception:  # a user's ``__repr__`` may fail: its type is all we show
+        return f"<{type(value).__name__}>"
 
 
 def scanned(text: str) -> Redacted:
