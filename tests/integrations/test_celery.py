@@ -36,6 +36,11 @@ def _count(name: str) -> int:
     return ATTEMPTS[name]
 
 
+def no_followup_marks(call: Any) -> bool:
+    """A handler's approver: denies agent code that touches ``FOLLOWUP_SEEN``."""
+    return "FOLLOWUP_SEEN" not in call
+
+
 def _define_tasks(app: Celery) -> None:
     @app.task(
         shared=False, name="t.order_total", recovery_prompt="Return the order total in cents."
@@ -65,6 +70,14 @@ def _define_tasks(app: Celery) -> None:
         shared=False, name="t.with_followup", recovery_options={"followups": ["open a ticket"]}
     )
     def with_followup() -> int:
+        raise LookupError("missing rate")
+
+    @app.task(
+        shared=False,
+        name="t.reviewed_followup",
+        recovery_options={"followups": ["note the rate"], "approve": no_followup_marks},
+    )
+    def reviewed_followup() -> int:
         raise LookupError("missing rate")
 
 
@@ -209,6 +222,27 @@ def test_followup_runs_on_the_celery_queue(worker_app: Celery) -> None:
     assert not [e for e in logs if e["event"] == "followup.unconsumed"]
     job = AsyncResult(submitted[0]["followup_id"], app=worker_app)
     assert job.get(timeout=30)["outcome"] == "succeeded"
+
+
+def test_a_followup_in_the_worker_asks_the_handlers_approver(worker_app: Celery) -> None:
+    FOLLOWUP_SEEN.clear()
+    _use(
+        worker_app,
+        exec_python("set_result(0)"),
+        done("used 0"),
+        exec_python("import tests.integrations.test_celery as t\nt.FOLLOWUP_SEEN.append(1)"),
+        done("noted"),
+        approve=lambda call: True,  # the worker's application approves everything itself
+    )
+    with capture_logs() as logs:
+        assert worker_app.send_task("t.reviewed_followup").get(timeout=30) == 0
+        (submitted,) = [e for e in logs if e["event"] == "followup.submitted"]
+        job = AsyncResult(submitted["followup_id"], app=worker_app).get(timeout=30)
+    assert FOLLOWUP_SEEN == []
+    assert job["outcome"] == "succeeded"  # it finished, without running the denied snippet
+    calls = [(e["tool"], e["ok"], e["approved_by"]) for e in logs
+             if e["event"] == "followup.tool_called"]  # fmt: skip
+    assert calls == [("exec_python", False, "denied by no_followup_marks")]
 
 
 # ------------------------------------------------------------------------------------ eager

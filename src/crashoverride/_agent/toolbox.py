@@ -283,9 +283,10 @@ def _item(head: str, text: str) -> str:
     )  # fmt: skip
 
 
-def tool_lines(mode: str) -> str:
-    """The prompt's list of the tools ``mode`` offers, one item per tool."""
-    return "\n".join(_item(tool.call_text, tool.description) for tool in offered(mode))
+def tool_lines(mode: str, supplied: Container[str] | None = None) -> str:
+    """The prompt's list of the tools ``mode`` offers (as ``offered``), one item per tool."""
+    tools = offered(mode, supplied)
+    return "\n".join(_item(tool.call_text, tool.description) for tool in tools)
 
 
 def helper_lines(mode: str, *, when: Container[str] = ("always",)) -> str:

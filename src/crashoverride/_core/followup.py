@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from crashoverride._agent.state import AgentRun, RunState
 from crashoverride._core.block import Block
-from crashoverride._followups.job import FOLLOWUP_PROMPT, FollowupJob, FollowupResult, render_report
+from crashoverride._followups.job import FollowupJob, FollowupResult, render_report
 from crashoverride._followups.session import job_fields
 from crashoverride._observe import events
 from crashoverride._placement.deadline import Deadline
@@ -34,15 +34,15 @@ class FollowupRecord:
     """The pipeline's record of one follow-up (see ``_core.recovery.Recovery`` for a recovery's)."""
 
     def __init__(self, job: FollowupJob, settings: Settings, runner: str) -> None:
-        from crashoverride._security.gate import changes_allowed
+        from crashoverride._followups.inherit import Refused, run_settings
 
         self.job = job
-        # Read-only when the recovery was or this application is: a follow-up has no more
-        # rights than either (the recovery's mode travels in its report).
-        mode = job.report.mode if changes_allowed(settings.mode) else settings.mode
-        self.settings = settings.for_handler(
-            {"prompt": "", "timeout": job.timeout, "max_turns": job.max_turns, "mode": mode}
-        )
+        # What it runs under comes from its recovery, for every runner (``_followups.inherit``).
+        self.refused = ""
+        try:
+            self.settings = run_settings(job, settings)
+        except Refused as why:
+            self.settings, self.refused = settings, str(why)
         self.deadline = Deadline(job.timeout)
         self.id: str = job.id
         self.state = RunState()
@@ -67,7 +67,7 @@ class FollowupRecord:
 
     def prepare(self) -> AgentJob:
         from crashoverride._agent.namespace import Workspace
-        from crashoverride._agent.prompt import Fence, build_instructions
+        from crashoverride._agent.prompt import Fence, followup_instructions
         from crashoverride._agent.run import AgentJob
 
         job, state, block = self.job, self.state, self.block
@@ -94,7 +94,7 @@ class FollowupRecord:
         return AgentJob(
             settings=settings,
             instructions=self.redact(
-                build_instructions(FOLLOWUP_PROMPT, settings.project_prompt, "", fence=fence)
+                followup_instructions(settings.mode, settings.project_prompt, fence=fence)
             ),
             input_text=self.redact(text),
             workspace=self.workspace,
@@ -103,7 +103,7 @@ class FollowupRecord:
             deadline=self.deadline.at,
             redact=self.redact,
             on_tool=self._on_tool,
-            approve=settings.approve,  # the application's approval gate covers follow-ups too
+            approve=settings.approve,
             mode=settings.mode,
             fence=fence,
         )
@@ -186,11 +186,8 @@ async def run_job(job: FollowupJob, settings: Settings, runner: str) -> Followup
 
     rec = FollowupRecord(job, settings, runner)
     try:
-        if job.approver and settings.approve is None:
-            return rec.skipped(
-                f"the recovery's approve= ({job.approver}) does not travel with the job and "
-                "this process's CrashOverride has none: a follow-up never runs unapproved"
-            )
+        if rec.refused:
+            return rec.skipped(rec.refused)
         refused: FollowupResult | None = admit(rec)
         if refused is not None:
             return refused

@@ -164,7 +164,8 @@ class SubprocessRunner:
 
     Args:
         app: ``"module:attribute"`` naming the ``CrashOverride`` the child process uses (its
-            model, tools and credentials); the module must be importable there.
+            model, tools and credentials); the module must be importable there. The job's mode
+            and approver are its recovery's (``_followups.inherit``), not this app's alone.
         log_path: File the child's output (including its structlog events) is appended to;
             default: discarded.
         python: The interpreter to start.

@@ -93,23 +93,17 @@ class FollowupSession:
             self._requested.clear()
         if not wanted:
             return []
+        from crashoverride._followups.inherit import from_recovery
         from crashoverride._followups.runners import resolve_runner
-        from crashoverride._security.gate import approver_name
 
         runner = resolve_runner(settings.followup_runner)
-        approver = approver_name(settings.approve) if settings.approve is not None else ""
+        inherited = from_recovery(settings)
         ids: list[str] = []
         for job_id, objective, context, origin in wanted:
             job = FollowupJob(
-                id=job_id,
-                objective=objective,
-                origin=origin,
-                context=context,
-                report=report,
-                timeout=settings.followup_timeout,
-                max_turns=settings.max_turns * 2,
-                approver=approver,
-            )
+                id=job_id, objective=objective, origin=origin, context=context, report=report,
+                **inherited,
+            )  # fmt: skip
             if submit(runner, job, settings, self._run):
                 ids.append(job_id)
         return ids

@@ -4,7 +4,8 @@ Modules: ``secrets`` (secrets recognised by their value), ``masking`` (secret-na
 values), ``redact`` (the redactor: everything that leaves the process passes it), ``text``
 (bounded renderings of exceptions and values), ``brief`` (a brief: trusted text we write,
 and the occurrence's values, always fenced), ``verdict`` (what a check's return value means),
-``audit`` (``ApprovalRequest`` and ``ToolCallRecord``), ``notes`` (notes on the user's exception,
+``audit`` (``ApprovalRequest`` and ``ToolCallRecord``), ``approvers`` (an approver's name
+across processes; several asked as one), ``notes`` (notes on the user's exception,
 and the one text for an internal error), ``gate`` (every tool call and every run
 of agent code: approval, execution, audit record; ``exec``/``eval``/``compile`` live here only).
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import copy
+import functools
 import itertools
 import linecache
 import time
@@ -33,6 +34,7 @@ from typing import Any, Final, NamedTuple, Protocol
 
 from crashoverride._placement.bridge import Dispatch
 from crashoverride._placement.watchdog import Preempted
+from crashoverride._security.approvers import each
 from crashoverride._security.audit import ApprovalRequest, Approver, ToolCallRecord
 from crashoverride._security.redact import Redacted, clip
 from crashoverride._security.text import format_tool_error, render_value
@@ -102,20 +104,29 @@ class Gate:
         self.serial = asyncio.Lock()
 
     async def approval(self, call: ApprovalRequest) -> tuple[bool, str]:
-        """(allowed, who/why) for one call; runs ``approve`` in the owner's context."""
+        """(allowed, who/why) for one call; runs ``approve`` in the owner's context.
+
+        Several approvers (``AllOf``: a follow-up's, after the running process's own) are
+        asked in turn; the first that does not approve decides, and the answer names it.
+        """
         approve = self.job.approve
         if approve is None:
             return True, NOT_REQUIRED
-        name = approver_name(approve)
-        try:
-            # Judged in the owner's context too: an answer's truth is the approver's code.
-            said = await self.dispatch(lambda: judge(lambda: approve(call), what="it",
-                                                     default=_PLAIN_NO))  # fmt: skip
-        except Exception as exc:  # the hop to the owner failed: nothing approved the call
-            said = raised("it", exc)
-        if said is True:
-            return True, f"approved by {name}"
-        return False, f"denied by {name}" + ("" if said == _PLAIN_NO else f": {said}")
+        names: list[str] = []
+        for one in each(approve):
+            name = approver_name(one)
+            ask = functools.partial(one, call)
+            try:
+                # Judged in the owner's context too: an answer's truth is the approver's code.
+                said = await self.dispatch(
+                    functools.partial(judge, ask, what="it", default=_PLAIN_NO)
+                )
+            except Exception as exc:  # the hop to the owner failed: nothing approved the call
+                said = raised("it", exc)
+            if said is not True:
+                return False, f"denied by {name}" + ("" if said == _PLAIN_NO else f": {said}")
+            names.append(name)
+        return True, "approved by " + " and ".join(names)
 
     async def call(self, call: ApprovalRequest, execute: Execute, *, data: bool = True) -> Any:
         """Approve ``call``, run it, record it; what the model sees.
