@@ -21,6 +21,7 @@ from tests.architecture.choke_points import Use, builtin_uses, calls_in, uses
 from tests.architecture.graph import modules
 
 GATE: Final = "crashoverride._security.gate"
+WRAP: Final = "crashoverride._security.handoffs"
 
 # What compiles or runs code, patches live functions, or runs agent code outside a tool call.
 NAMES: Final = frozenset({
@@ -45,7 +46,7 @@ SITES: Final[dict[tuple[str, str, str], str]] = {
     (GATE, "compile_agent", "register_source"): "the primitive, in the gate",
     (GATE, "compile_source", "compile_agent"): "the primitive, in the gate",
     (GATE, "run_agent_code", "Gate"): "the gate's entry for code outside tool calls",
-    (GATE, "_gated_agent", "gated"): "every tool not ours (handoffs' too) wrapped by the gate",
+    (WRAP, "_gated_agent", "gated"): "every tool not ours (handoffs' too) wrapped by the gate",
     # one agent run: its tools pass the gate
     ("crashoverride._agent.run", "_run", "Gate"): "the gate of one agent run",
     ("crashoverride._agent.run", "_run", "gate_agent"): "the factory's agent, every tool gated",
@@ -109,8 +110,8 @@ SITES: Final[dict[tuple[str, str, str], str]] = {
 # The entries of the paths that run agent-derived code, and the gate call each must make.
 GATED: Final[dict[tuple[str, str], str]] = {
     ("crashoverride._agent.sdk_tools", "_sdk_tool.invoke"): "gate.call",  # built-in tools
-    (GATE, "gated.on_invoke"): "gate.call",  # application, MCP and handoffs' tools
-    (GATE, "_handed.on_invoke"): "gate.run",  # a handoff's transfer (its on_handoff)
+    (WRAP, "gated.on_invoke"): "gate.call",  # application, MCP and handoffs' tools
+    (WRAP, "_handed.on_invoke"): "gate.run",  # a handoff's transfer (its on_handoff)
     ("crashoverride._agent.run", "_run"): "gate_agent",  # the agent and its handoffs
     ("crashoverride._repair.recipes", "replay"): "run_agent_code",  # recipe replays
     ("crashoverride._fleet.records", "receive"): "run_agent_code",  # fleet fixes

@@ -25,7 +25,8 @@ from crashoverride._config.settings import Settings
 from crashoverride._observe.report import Usage
 from crashoverride._placement.bridge import Dispatch
 from crashoverride._security.audit import Approver, ToolCallRecord
-from crashoverride._security.gate import Gate, gate_agent
+from crashoverride._security.gate import Gate
+from crashoverride._security.handoffs import gate_agent
 from crashoverride._security.redact import Redacted
 from crashoverride._security.text import clip
 

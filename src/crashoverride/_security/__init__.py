@@ -7,7 +7,8 @@ and the occurrence's values, always fenced), ``verdict`` (what a check's return 
 ``audit`` (``ApprovalRequest`` and ``ToolCallRecord``), ``approvers`` (an approver's name
 across processes; several asked as one), ``notes`` (notes on the user's exception,
 and the one text for an internal error), ``gate`` (every tool call and every run
-of agent code: approval, execution, audit record; ``exec``/``eval``/``compile`` live here only).
+of agent code: approval, execution, audit record; ``exec``/``eval``/``compile`` live here only),
+``handoffs`` (the SDK's tools, agents and handoffs that are not ours, wrapped to pass the gate).
 
 May import: ``_errors``, ``_placement``.
 """
