@@ -52,15 +52,14 @@ def confine(keep: int) -> None:
 def _protect_shared_memory() -> None:
     # A shared mapping is the one piece of memory a fork does not copy. Without write access
     # a store into it faults and the child dies, which the parent reports.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    mprotect = syscalls.libc_function("mprotect", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     prot_read = 1
     with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
         spans = [line.split(maxsplit=2)[:2] for line in maps]
     for span, perms in spans:
         if perms[1:2] == "w" and perms[3:4] == "s":
             start, end = (int(edge, 16) for edge in span.split("-"))
-            if libc.mprotect(start, end - start, prot_read) != 0:
+            if mprotect(start, end - start, prot_read) != 0:
                 raise OSError(ctypes.get_errno(), f"cannot make shared memory read-only: {span}")
 
 
