@@ -40,7 +40,6 @@ pytestmark = [
 _LIBC = ctypes.CDLL(None, use_errno=True)
 SYSCALL = _LIBC.syscall  # the application's own handle on libc's syscall()
 SYSCALL_ADDRESS = ctypes.cast(SYSCALL, ctypes.c_void_p).value
-PROT_READ_WRITE = 3
 
 # How the expression gets a native ``syscall(number, ...)`` without an audit event.
 CALLERS = {
@@ -63,7 +62,7 @@ def inspect_in_diagnose(app: dict[str, Any], *expressions: str) -> list[str]:
 
 
 def program(source: str, names: str = "{'app': app}") -> str:
-    """One expression that runs ``source`` (statements, seeing ``names``) and gives its ``result``."""
+    """An expression running ``source`` (statements seeing ``names``); its ``result``."""
     return f"(exec({source!r}, ns := {names}), ns.get('result'))[1]"
 
 
@@ -310,8 +309,8 @@ def test_the_snapshot_cannot_requeue_the_waiters_of_the_process(shared: dict[str
         assert thread.is_alive() and time.monotonic() < deadline
         time.sleep(0.01)
     app = {"syscall": SYSCALL, "address": address, "own": ctypes.create_string_buffer(4)}
-    requeue = (
-        "app['syscall'](202, ctypes.c_void_p(app['address']), 4, 0, 1000, app['own'],"  # FUTEX_CMP_REQUEUE
+    requeue = (  # FUTEX_CMP_REQUEUE: wake none, move up to 1000 onto app['own']
+        "app['syscall'](202, ctypes.c_void_p(app['address']), 4, 0, 1000, app['own'],"
         " int.from_bytes(b'live', 'little'))"
     )
     assert inspect_in_diagnose(app, requeue) == ["-1"]

@@ -1,7 +1,10 @@
 """Cut a forked snapshot (``_diagnose.snapshot``) off from everything it shares with the process.
 
 Only ever called in the child, right after ``fork``: every step here is irreversible on
-purpose, and the parent never runs any of it.
+purpose, and the parent never runs any of it. The audit hook stops what Python's own functions
+do; native code (``ctypes``) raises no event for a call, so the kernel's filter
+(``_diagnose.syscalls``) is what holds against it, and the ``ctypes`` functions used here are
+freed before the expression runs.
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ def confine(keep: int) -> None:
 
 def _protect_shared_memory() -> None:
     # A shared mapping is the one piece of memory a fork does not copy. Without write access
-    # a store into it faults and the child dies, which the parent reports.
+    # a store into it faults and the child dies, which the parent reports. Once the filter is
+    # in, no ``mprotect`` adds write access back, here or to a shared mapping the process keeps
+    # read-only itself (of a file it opened for writing).
     mprotect = syscalls.libc_function("mprotect", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     prot_read = 1
     with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:

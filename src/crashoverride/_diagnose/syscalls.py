@@ -44,8 +44,8 @@ _AUDIT_ARCH_X86_64 = 0xC000003E
 _X32_BIT = 0x40000000
 _ALLOW, _KILL = 0x7FFF0000, 0x80000000
 _EPERM, _ENOSYS = 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
-# BPF_LD|W|ABS, BPF_JMP|JEQ|K, JGE, JSET, JA, BPF_ALU|AND|K, BPF_RET
-_LD, _JEQ, _JGE, _JSET, _JA, _AND, _RET = 0x20, 0x15, 0x35, 0x45, 0x05, 0x54, 0x06
+# BPF_LD|W|ABS, BPF_JMP|JEQ|K, JGE, JA, BPF_ALU|AND|K, BPF_RET
+_LD, _JEQ, _JGE, _JA, _AND, _RET = 0x20, 0x15, 0x35, 0x05, 0x54, 0x06
 _OWN = -1  # stands for this process's pid in a rule
 _REVIEWED = 470  # every call numbered below was reviewed (Linux 6.17); newer ones are ENOSYS
 
@@ -82,9 +82,9 @@ _FUTEX_OPS = (0, 1, 5, 9, 10)  # WAIT, WAKE, WAKE_OP, WAIT_BITSET, WAKE_BITSET
 
 
 class _Test(NamedTuple):
-    """``args[index] & mask`` must be one of ``values`` (``only``), or none of them."""
+    """``args[arg] & mask`` must be one of ``values`` (``only``), or none of them."""
 
-    index: int
+    arg: int
     values: tuple[int, ...]
     only: bool = True
     mask: int = 0xFFFFFFFF
@@ -123,7 +123,7 @@ def _arg(index: int) -> int:
 def _test(test: _Test, own_pid: int) -> list[bytes]:
     """Fall through when the test passes; return ``EPERM`` when it fails."""
     values = [own_pid if value == _OWN else value for value in test.values]
-    ops = [_op(_LD, _arg(test.index))]
+    ops = [_op(_LD, _arg(test.arg))]
     if test.mask != 0xFFFFFFFF:
         ops.append(_op(_AND, test.mask))
     last = len(values) - 1
@@ -164,7 +164,7 @@ def libc_function(name: str, *argtypes: Any) -> Any:
     with the child's collector off, stay reachable from the expression (``gc.get_objects()``).
     This one is freed when the caller drops it.
     """
-    address = _ctypes.dlsym(_ctypes.dlopen(None), name)
+    address = _ctypes.dlsym(ctypes.pythonapi._handle, name)  # the main program's global scope
     return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes, use_errno=True)(address)
 
 
