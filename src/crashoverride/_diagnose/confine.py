@@ -1,7 +1,10 @@
 """Cut a forked snapshot (``_diagnose.snapshot``) off from everything it shares with the process.
 
 Only ever called in the child, right after ``fork``: every step here is irreversible on
-purpose, and the parent never runs any of it.
+purpose, and the parent never runs any of it. The audit hook stops what Python's own functions
+do; native code (``ctypes``) raises no event for a call, so the kernel's filter
+(``_diagnose.syscalls``) is what holds against it, and the ``ctypes`` functions used here are
+freed before the expression runs.
 """
 
 from __future__ import annotations
@@ -51,16 +54,17 @@ def confine(keep: int) -> None:
 
 def _protect_shared_memory() -> None:
     # A shared mapping is the one piece of memory a fork does not copy. Without write access
-    # a store into it faults and the child dies, which the parent reports.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    # a store into it faults and the child dies, which the parent reports. Once the filter is
+    # in, no ``mprotect`` adds write access back, here or to a shared mapping the process keeps
+    # read-only itself (of a file it opened for writing).
+    mprotect = syscalls.libc_function("mprotect", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     prot_read = 1
     with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
         spans = [line.split(maxsplit=2)[:2] for line in maps]
     for span, perms in spans:
         if perms[1:2] == "w" and perms[3:4] == "s":
             start, end = (int(edge, 16) for edge in span.split("-"))
-            if libc.mprotect(start, end - start, prot_read) != 0:
+            if mprotect(start, end - start, prot_read) != 0:
                 raise OSError(ctypes.get_errno(), f"cannot make shared memory read-only: {span}")
 
 

@@ -7,7 +7,8 @@ names. What a copy does share with the process is the outside world: open descri
 mapped as shared, files, the network, other processes. Before the expression runs the child
 
 1. makes every shared writable mapping read-only (``/proc/self/maps``, ``mprotect``): a write
-   to ``mmap.mmap(-1, n)``, ``multiprocessing.Value`` or a shared file mapping kills the child;
+   to ``mmap.mmap(-1, n)``, ``multiprocessing.Value`` or a shared file mapping kills the child
+   (and the filter below never lets it be made writable again);
 2. closes every descriptor it inherited (sockets, log files, pipes, event loop wake-ups) and
    puts ``/dev/null`` on 0, 1 and 2: a pooled connection, a queue's pipe or an open file the
    process holds cannot be used from the copy;
@@ -23,8 +24,11 @@ returning into the process's own code. The parent waits until the recovery's dea
 same redaction as every tool result.
 
 On x86-64 a seccomp filter (``_diagnose.syscalls``) also has the kernel refuse those system calls,
-for C code that raises no audit event (``os.mkfifo``, ``signal.pidfd_send_signal``, a C library
-writing a file); elsewhere those stay open. Handlers registered with ``os.register_at_fork`` run in
+for native code that raises no audit event (``os.mkfifo``, a C library writing a file, libc called
+through any ``ctypes`` function object the expression reaches or builds from an address): that
+filter, not the hook, is what holds against an expression that knows the mechanism. The setup
+leaves no ``ctypes`` object of its own behind (``syscalls.libc_function``). Elsewhere only the
+hook applies. Handlers registered with ``os.register_at_fork`` run in
 the child before any of this (they are their libraries' own after-fork code). A lock another thread
 held at the fork stays held in the child: an expression that needs it hangs until the deadline kills
 the child.
