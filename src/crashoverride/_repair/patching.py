@@ -104,7 +104,10 @@ def rebind_everywhere(old: Any, new: Any) -> list[str]:
             if value is old:
                 namespace[key] = new
                 changed.append(f"{name}.{key}")
-            elif inspect.isclass(value) and value.__module__ == name:
+            # ``type(value)``, never ``isinstance``: that asks the object its ``__class__``,
+            # and a library's lazy proxy answers by loading what it stands for (openai's import
+            # a thousand modules, taking seconds): every module's globals are walked here.
+            elif issubclass(type(value), type) and value.__module__ == name:
                 for attr, member in list(vars(value).items()):
                     if member is old:
                         setattr(value, attr, new)
