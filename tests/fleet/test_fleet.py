@@ -742,6 +742,50 @@ async def test_redis_killed_mid_run_degrades_and_nothing_hangs() -> None:
     assert len(second_model.calls) == 2
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("closed", ["leader", "waiter"])
+async def test_an_app_closed_mid_recovery_leaves_no_connection_open(closed: str) -> None:
+    """Closing an app (a server shutting down) while its recovery leads (renewing its lease)
+    or waits in Redis: the recovery goes on, and nothing it still runs reopens a connection
+    on the client closed under it (one would stay open, owned by no one, until the garbage
+    collector warns of it)."""
+    RELEASE.clear()
+    with private_redis() as (url, _):
+        holder = app(url, script(exec_python(HELD_PATCH), done("patched")), lease=1.5)
+        waiter = app(url, script(exec_python(PATCH), done("patched")), lease=1.5)
+        on_holder, on_waiter = async_jobs(holder, waiter)
+        results: dict[int, int] = {}
+
+        async def run(job: Any, i: int) -> None:
+            results[i] = await job(i)
+
+        try:
+            with capture_logs() as logs, anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(run, on_holder, 1)
+                    await await_for(lambda: events(logs, "fleet.lease_taken"))
+                    tg.start_soon(run, on_waiter, 2)
+                    await await_for(lambda: _subscribers(url) == 1)
+                    shut = holder if closed == "leader" else waiter
+                    await anyio.to_thread.run_sync(close_fleet, shut)  # mid-recovery
+                    await anyio.sleep(1.5)  # a lease renewal, a waiter's wake-up (MAX_WAKE)
+                    RELEASE.set()
+        finally:
+            RELEASE.set()
+            close_fleet(holder, waiter)
+        assert results == {1: 10, 2: 20}
+        await await_for(lambda: _clients(url) == 0)  # every client closed its connections
+
+
+def _clients(url: str) -> int:
+    """Clients connected to that Redis, besides the one asking."""
+    client = redis.Redis.from_url(url)
+    try:
+        return len(client.client_list()) - 1
+    finally:
+        client.close()
+
+
 def _subscribers(url: str) -> int:
     client = redis.Redis.from_url(url)
     try:
