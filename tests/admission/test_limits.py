@@ -104,6 +104,74 @@ async def test_waiters_reraise_at_once_when_the_leader_fails(anyio_backend: str)
     assert sum("did not recover it" in n for n in notes) == 4
 
 
+def convert(value: int) -> int:
+    raise NotImplementedError("convert")
+
+
+CONVERT = convert.__code__
+FIX_CONVERT = "replace_function(convert, 'def convert(value):\\n    return value * 10\\n')\nrerun()"
+
+
+@pytest.fixture
+def fresh_convert() -> Any:
+    convert.__code__ = CONVERT
+    yield
+    convert.__code__ = CONVERT
+
+
+def _late_units(co: CrashOverride) -> tuple[Any, Any, list[int]]:
+    """Two units failing alike: ``late`` raises, and before its recovery begins, ``first``
+    fails, is recovered and ends (on a loaded machine, a concurrent recovery can end between a
+    unit's failure and its turn at single-flight)."""
+    concurrent: list[int] = []
+
+    @co.handler()
+    def first(i: int) -> int:
+        return convert(i)
+
+    @co.handler()
+    def late(i: int) -> int:
+        try:
+            return convert(i)
+        finally:
+            if not concurrent:  # its replay, if any, runs no other recovery
+                concurrent.append(first(1))
+
+    return first, late, concurrent
+
+
+@pytest.mark.usefixtures("fresh_convert")
+def test_a_failure_raised_before_a_concurrent_fix_replays_through_it() -> None:
+    model = script(exec_python(FIX_CONVERT), done("fixed"))
+    co = CrashOverride(model=model, timeout=30)
+    _, late, concurrent = _late_units(co)
+    with capture_logs() as logs:
+        assert late(2) == 20
+    assert concurrent == [10]
+    assert len(model.calls) == 2  # one agent run: the concurrent recovery's
+    (replayed,) = [e for e in logs if e["event"] == "recovery.succeeded" and e["via"] == "replay"]
+    assert replayed["reason"] == "replayed after a concurrent recovery"
+
+
+@pytest.mark.usefixtures("fresh_convert")
+def test_a_failure_the_concurrent_fix_does_not_cover_gets_its_own_agent_run() -> None:
+    partial = (
+        "replace_function(convert, 'def convert(value):\\n    if value > 1:\\n"
+        "        raise NotImplementedError(value)\\n    return value * 10\\n')\nrerun()"
+    )
+    model = (
+        Script(exec_python(partial), done("fixed")).run(exec_python(FIX_CONVERT), done()).model()
+    )
+    co = CrashOverride(model=model, timeout=30)
+    _, late, concurrent = _late_units(co)
+    with capture_logs() as logs:
+        assert late(2) == 20  # the replay failed again: this failure led, and its agent ran
+    assert concurrent == [10] and len(model.calls) == 4
+    assert [e["event"] for e in logs if e["event"].startswith("recovery.replay")] == [
+        "recovery.replay_failed"
+    ]
+
+
 def test_breaker_opens_after_repeated_failures_and_skips_the_model() -> None:
     model = Script(give_up("a")).run(give_up("b")).model()
     co = CrashOverride(model=model, breaker_threshold=2, breaker_window=60, breaker_cooldown=60)

@@ -7,8 +7,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -157,24 +158,39 @@ def silent_redis() -> Iterator[SilentServer]:
 
 
 async def leader_then_others(
-    on_leader: Any, on_other: Any, count: int, logs: list[dict[str, Any]]
+    on_leader: Any,
+    on_other: Any,
+    count: int,
+    logs: list[dict[str, Any]],
+    *,
+    release: threading.Event,
+    waiting: Callable[[], bool],
 ) -> dict[int, int]:
     """A burst across two apps: odd arguments fail on the first, and once it holds the lease,
-    even ones on the second. Their results, by argument."""
+    even ones on the second. The leader's agent code waits for ``release``, set once the
+    second app waits in Redis (``waiting``): however slow the machine, the burst meets the
+    lease, never an outcome already landed. Their results, by argument."""
     import anyio
+
+    from tests.helpers import await_for
 
     results: dict[int, int] = {}
 
     async def run(job: Any, i: int) -> None:
         results[i] = await job(i)
 
-    async with anyio.create_task_group() as tg:
-        for i in range(1, count, 2):
-            tg.start_soon(run, on_leader, i)
-        while not any(e["event"] == "fleet.lease_taken" for e in logs):  # noqa: ASYNC110
-            await anyio.sleep(0.01)  # polled: the lease is taken on another thread
-        for i in range(0, count, 2):
-            tg.start_soon(run, on_other, i)
+    release.clear()
+    try:
+        async with anyio.create_task_group() as tg:
+            for i in range(1, count, 2):
+                tg.start_soon(run, on_leader, i)
+            await await_for(lambda: any(e["event"] == "fleet.lease_taken" for e in logs))
+            for i in range(0, count, 2):
+                tg.start_soon(run, on_other, i)
+            await await_for(waiting)  # polled: a sync look at Redis, as the tests do elsewhere
+            release.set()
+    finally:
+        release.set()  # a failing test must not leave agent code waiting
     return results
 
 

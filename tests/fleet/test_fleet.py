@@ -49,6 +49,12 @@ def transform(value: int) -> int:
 
 ORIGINAL = transform.__code__
 RELEASE = threading.Event()  # agent code of a test waits for it
+HELD_PATCH = (  # PATCH once the test says so (RELEASE): the other app's failures wait by then
+    "import anyio\n"
+    "await anyio.to_thread.run_sync(RELEASE.wait, abandon_on_cancel=True)\n"
+    "replace_function(transform, 'def transform(value):\\n    return value * 10\\n')\n"
+    "rerun()"
+)
 
 
 # In a dict: rebind_everywhere() rebinds module globals, and this must stay the original.
@@ -250,10 +256,11 @@ async def test_both_backends_give_one_agent_run_for_a_burst(url: str, backend: s
 
 @pytest.mark.anyio
 async def test_two_processes_one_agent_run_and_every_unit_replays(url: str) -> None:
-    first, second = script(exec_python(PATCH), done("patched")), script()
+    first, second = script(exec_python(HELD_PATCH), done("patched")), script()
     leader, other = app(url, first), app(url, second)
     with capture_logs() as logs:
-        results = await leader_then_others(*async_jobs(leader, other), 10, logs)
+        results = await leader_then_others(*async_jobs(leader, other), 10, logs, release=RELEASE,
+                                           waiting=lambda: _subscribers(url) == 1)  # fmt: skip
     close_fleet(leader, other)
     assert results == {i: i * 10 for i in range(10)}
     assert len(first.calls) == 2 and len(second.calls) == 0  # one agent run, two turns
@@ -265,6 +272,87 @@ async def test_two_processes_one_agent_run_and_every_unit_replays(url: str) -> N
     assert {e["fencing_token"] for e in reports if "fencing_token" in e} == {taken["fencing_token"]}
     (published,) = events(logs, "fleet.fix_published")
     assert published["targets"] == [f"{__name__}.transform"]
+
+
+def test_a_unit_that_failed_before_another_apps_fix_replays_without_a_lease(url: str) -> None:
+    """Two apps in one process (or an eager process): the unit raised in the old code, and the
+    other app's recovery fixed it and published before this unit's recovery began. It replays
+    through the code running here; it neither leads nor runs an agent."""
+    first_model, second_model = script(exec_python(PATCH), done("patched")), script()
+    leader, other = app(url, first_model), app(url, second_model)
+    concurrent: list[int] = []
+
+    @leader.handler()
+    def first(i: int) -> int:
+        return transform(i)
+
+    @other.handler()
+    def late(i: int) -> int:
+        try:
+            return transform(i)
+        finally:
+            if not concurrent:
+                concurrent.append(first(1))
+
+    with capture_logs() as logs:
+        assert late(2) == 20
+    close_fleet(leader, other)
+    assert concurrent == [10] and len(first_model.calls) == 2 and len(second_model.calls) == 0
+    assert len(events(logs, "fleet.lease_taken")) == 1  # the other app took no lease
+    (replayed,) = [e for e in events(logs, "recovery.succeeded") if e["via"] == "replay"]
+    assert replayed["reason"] == "replayed after a concurrent recovery"
+
+
+class FixedWhileAsking:
+    """A Redis client that, the first time it is asked for a lease, lets ``meanwhile`` run to
+    its end first (in a thread): something that happens while a recovery talks to Redis."""
+
+    def __init__(self, client: Any, meanwhile: list[Any]) -> None:
+        self._client, self._meanwhile = client, meanwhile
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def eval(self, script: str, *args: Any) -> Any:
+        import asyncio
+
+        from crashoverride._fleet.scripts import ACQUIRE
+
+        if script == ACQUIRE and self._meanwhile:
+            await asyncio.get_running_loop().run_in_executor(None, self._meanwhile.pop())
+        return await self._client.eval(script, *args)
+
+
+def test_a_fix_made_here_while_a_leader_asks_redis_is_replayed_not_run_again(url: str) -> None:
+    """The failure raised in the old code; while its recovery asked Redis for the lease,
+    another app of this process recovered the same failure, fixed it and published. The
+    lease is free again, but the failure replays through the code running here now."""
+    import redis.asyncio
+
+    first_model, second_model = script(exec_python(PATCH), done("patched")), script()
+    leader = app(url, first_model)
+
+    @leader.handler()
+    def first(i: int) -> int:
+        return transform(i)
+
+    meanwhile = [lambda: first(1)]
+    other = CrashOverride(model=second_model, timeout=60, coordination=RedisCoordination(
+        client_factory=lambda: FixedWhileAsking(redis.asyncio.Redis.from_url(url), meanwhile),
+        namespace=NS["current"], key=FLEET_KEY, op_timeout=30.0,
+    ))  # fmt: skip
+
+    @other.handler()
+    def late(i: int) -> int:
+        return transform(i)
+
+    with capture_logs() as logs:
+        assert late(2) == 20
+    close_fleet(leader, other)
+    assert meanwhile == [] and len(first_model.calls) == 2 and len(second_model.calls) == 0
+    assert [e["fleet_role"] for e in events(logs, "fleet.lease_taken")] == ["leader"]
+    (replayed,) = [e for e in events(logs, "recovery.succeeded") if e["via"] == "replay"]
+    assert replayed["reason"] == "replayed after a concurrent recovery"
 
 
 REBIND = (
@@ -683,6 +771,50 @@ async def test_redis_killed_mid_run_degrades_and_nothing_hangs() -> None:
     degraded = events(logs, "coordination.degraded")
     assert len(degraded) == 2  # the waiter (it then ran its own agent) and the leader's outcome
     assert len(second_model.calls) == 2
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("closed", ["leader", "waiter"])
+async def test_an_app_closed_mid_recovery_leaves_no_connection_open(closed: str) -> None:
+    """Closing an app (a server shutting down) while its recovery leads (renewing its lease)
+    or waits in Redis: the recovery goes on, and nothing it still runs reopens a connection
+    on the client closed under it (one would stay open, owned by no one, until the garbage
+    collector warns of it)."""
+    RELEASE.clear()
+    with private_redis() as (url, _):
+        holder = app(url, script(exec_python(HELD_PATCH), done("patched")), lease=1.5)
+        waiter = app(url, script(exec_python(PATCH), done("patched")), lease=1.5)
+        on_holder, on_waiter = async_jobs(holder, waiter)
+        results: dict[int, int] = {}
+
+        async def run(job: Any, i: int) -> None:
+            results[i] = await job(i)
+
+        try:
+            with capture_logs() as logs, anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(run, on_holder, 1)
+                    await await_for(lambda: events(logs, "fleet.lease_taken"))
+                    tg.start_soon(run, on_waiter, 2)
+                    await await_for(lambda: _subscribers(url) == 1)
+                    shut = holder if closed == "leader" else waiter
+                    await anyio.to_thread.run_sync(close_fleet, shut)  # mid-recovery
+                    await anyio.sleep(1.5)  # a lease renewal, a waiter's wake-up (MAX_WAKE)
+                    RELEASE.set()
+        finally:
+            RELEASE.set()
+            close_fleet(holder, waiter)
+        assert results == {1: 10, 2: 20}
+        await await_for(lambda: _clients(url) == 0)  # every client closed its connections
+
+
+def _clients(url: str) -> int:
+    """Clients connected to that Redis, besides the one asking."""
+    client = redis.Redis.from_url(url)
+    try:
+        return len(client.client_list()) - 1
+    finally:
+        client.close()
 
 
 def _subscribers(url: str) -> int:

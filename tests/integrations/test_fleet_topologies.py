@@ -8,6 +8,7 @@ own ``RedisCoordination`` (its own client and lease holder), stand for two proce
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,6 +34,10 @@ PATCH = (
     "replace_function(transform, 'def transform(value):\\n    return value * 10\\n')\n"
     "rerun()"
 )
+HELD_PATCH = PATCH.replace(  # once the test says so: the other app's failures wait by then
+    "await anyio.sleep(0.3)", "await anyio.to_thread.run_sync(RELEASE.wait, abandon_on_cancel=True)"
+)
+RELEASE = threading.Event()
 TOPOLOGIES = ["cluster", "sentinel", "tls"]
 
 
@@ -124,13 +129,20 @@ async def test_a_burst_across_two_processes_runs_one_agent(
     deployment: Deployment, anyio_backend: str
 ) -> None:
     namespace = new_namespace()
-    first, second = script(exec_python(PATCH), done("patched")), script()
+    first, second = script(exec_python(HELD_PATCH), done("patched")), script()
     leader = CrashOverride(model=first, timeout=20,
                            coordination=deployment.coordination(namespace))  # fmt: skip
     other = CrashOverride(model=second, timeout=20,
                           coordination=deployment.coordination(namespace))  # fmt: skip
+    channel = _keys(leader)["channel"]
+
+    def waiting() -> bool:  # the other app's leader waits in Redis for the outcome
+        return _waiters(deployment, channel) == 1
+
     with capture_logs() as logs, anyio.fail_after(30):
-        results = await leader_then_others(async_job(leader), async_job(other), 20, logs)
+        results = await leader_then_others(
+            async_job(leader), async_job(other), 20, logs, release=RELEASE, waiting=waiting
+        )
     close_fleet(leader, other)
     assert results == {i: i * 10 for i in range(20)}
     assert len(first.calls) == 2 and len(second.calls) == 0  # one agent run, two turns
@@ -196,14 +208,31 @@ def test_a_fix_reaches_a_later_process_unless_tampered_with(
 
 
 def _fix_key(co: CrashOverride) -> str:
+    return _keys(co)["fix"]
+
+
+def _keys(co: CrashOverride) -> dict[str, str]:
+    """The fleet's keys for the failure of ``transform``."""
     from crashoverride._core.recovery import fingerprint
 
     try:
         transform(0)
     except NotImplementedError as exc:
         keys: dict[str, str] = co._limits().coordination.keys(fingerprint(exc))  # type: ignore[attr-defined]
-        return keys["fix"]
+        return keys
     raise AssertionError("unreachable")
+
+
+def _waiters(deployment: Deployment, channel: str) -> int:
+    """How many subscribe to a failure's outcome channel (on any node of a Cluster)."""
+    import redis
+
+    client = deployment.make_sync()
+    try:
+        every = {"target_nodes": redis.RedisCluster.ALL_NODES} if deployment.cluster else {}
+        return sum(count for _, count in client.pubsub_numsub(channel, **every))
+    finally:
+        client.close()
 
 
 def test_the_fleet_budget_holds_across_processes(deployment: Deployment) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import importlib
+import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,41 @@ def test_replace_function_reaches_every_reference(modules: tuple[object, object]
     outputs = tool_outputs(model)
     assert "now runs the new code for every caller" in outputs[0]
     assert "return {'apple': 3}[sku]" in outputs[1]  # show_source sees the live code
+
+
+LOADED: list[str] = []  # what the lazy proxy below was asked
+
+
+class _LazyProxy:
+    """A stand-in for another module's object (a library's lazy proxy, say): asking what
+    class it is loads something (openai's proxies import hundreds of modules)."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        LOADED.append("loaded")
+        return type
+
+
+def test_rebind_everywhere_touches_nothing_but_the_names_it_rebinds(
+    modules: tuple[object, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lazy = types.ModuleType("lazy_proxies")
+    lazy.proxy = _LazyProxy()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "lazy_proxies", lazy)
+    LOADED.clear()
+    model = script(
+        exec_python(
+            "import tests.fixtures.pricing as pricing\n"
+            f"new = {{}}\nexec({NEW_PRICE!r}, vars(pricing), new)\n"
+            "rebind_everywhere(pricing.unit_price, new['unit_price'])"
+        ),
+        done(),
+    )
+    _, checkout = modules
+    with CrashOverride(model=model).handler(postcondition=lambda _: True):
+        raise ValueError("trigger")
+    assert checkout.total("apple", 2) == 6  # type: ignore[attr-defined]  # its copy too
+    assert LOADED == []
 
 
 def test_replace_function_refuses_builtins_and_mismatched_closures() -> None:

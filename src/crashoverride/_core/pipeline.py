@@ -37,7 +37,7 @@ from crashoverride._placement.bridge import Dispatch, Job, Placement
 # verification call, say) and never starts or waits for another.
 from crashoverride._placement.inside import INSIDE
 from crashoverride._placement.owner_thread import drive
-from crashoverride._repair import recipes
+from crashoverride._repair import journal, recipes
 from crashoverride._security.verdict import judge, reason
 
 _LEADER_LOST = "the concurrent recovery of this failure did not recover it"
@@ -184,21 +184,23 @@ class _Coordination:
         rec.trial = admission.trial  # handed back by the record unless an agent run reports
         # 2. single-flight: one agent run per fingerprint; the others wait for its whole life
         if settings.single_flight:
+            # Raised through code a fix has replaced since: a concurrent recovery fixed it and
+            # ended before this one got here (a loaded machine, a slow request path), or a fix
+            # arrived from the fleet. It replays as that recovery's waiters did; only a replay
+            # that fails again goes on to lead (or wait).
+            if journal.ran_superseded(rec.exc):
+                replayed = await _replay(rec, call)
+                if replayed is not None:
+                    return replayed
             joined = await coordination.join(rec, call)
             if joined.skip is not None:
                 return rec.skipped(joined.skip)
             if not joined.leading:
                 if not joined.recovered:
                     return rec.skipped(_LEADER_LOST)
-                replay = rec.block.replay if rec.block is not None else None
-                if replay is not None:
-                    try:
-                        value = await call(replay)
-                    except Exception as again:
-                        events.emit("info", events.REPLAY_FAILED, error=rec.redact(repr(again)),
-                                  **rec.fields())  # fmt: skip
-                    else:
-                        return rec.replayed(value)
+                replayed = await _replay(rec, call)
+                if replayed is not None:
+                    return replayed
         # 3. slot
         slot = limits.slots.acquire()
         began = time.monotonic()
@@ -228,6 +230,20 @@ class _Coordination:
 
     async def land(self, conclusion: Decision) -> None:
         await self.rec.limits.coordination.land(self.rec, conclusion)
+
+
+async def _replay(rec: Recovery, call: Dispatch) -> Decision | None:
+    """The unit run again through the repaired code (decorators, tasks, requests; a ``with``
+    block cannot be); None when it cannot be or failed again."""
+    replay = rec.block.replay if rec.block is not None else None
+    if replay is None:
+        return None
+    try:
+        value = await call(replay)
+    except Exception as again:
+        events.emit("info", events.REPLAY_FAILED, error=rec.redact(repr(again)), **rec.fields())
+        return None
+    return rec.replayed(value)
 
 
 def _judged(check: Check, rec: Record[object]) -> object:

@@ -225,6 +225,13 @@ class Fleet:
                 )
             )
             if acquired:
+                if journal.ran_superseded(rec.exc):
+                    # While this recovery asked Redis, the code that raised was fixed here
+                    # (another app of this process, an eager record): it replays, as a waiter
+                    # does, and hands the lease straight on.
+                    value = f"{int(held)}|{self.holder}"
+                    self.link.fire(functools.partial(release, keys=keys, value=value))
+                    return Joined(False, True)
                 return await self._lead(rec, keys, int(held), takeover)
             token = token_of(held)
             if token is None:  # no lease of ours: recover here, as when Redis is unreachable

@@ -10,6 +10,13 @@ which works on asyncio and trio alike and stays cancellable by the recovery's de
 Every operation is bounded by ``op_timeout``, connecting included (a connection attempt that
 takes longer goes on in the background for later recoveries); a failure or time-out raises
 ``Unavailable``, upon which the caller falls back to in-process coordination.
+
+The link is the one owner of its client's lifetime. A redis-py client reconnects whenever it is
+used, even after it was closed, so closing it while an operation still holds it (a lease being
+renewed, a waiter, a release fired on the way out) would leave a connection open that no one
+owns. Every operation is therefore known to the link (``_track``), and ``close`` detaches the
+client first (later operations open a new one), stops the operations that may run for long,
+lets the others end, and only then closes it.
 """
 
 from __future__ import annotations
@@ -72,8 +79,20 @@ class Link:
         # [pid, client]: a list so the finalizer can close the client without holding the Link.
         self._client: list[Any] = [0, None]
         self._connecting: tuple[int, asyncio.Task[Any]] | None = None  # (pid, attempt)
-        self._background: list[Future[Any]] = []
+        # The operations running on the helper loop (this pid's): whether each may run for
+        # long (a subscriber, a lease renewal, a wait bounded only by its caller).
+        self._ops: tuple[int, dict[asyncio.Task[Any], bool]] = (0, {})
         weakref.finalize(self, _close_later, self._client)
+
+    def _track(self, *, unbounded: bool) -> None:
+        """On the helper loop, first in every operation: known until it ends (``close``)."""
+        task = asyncio.current_task()
+        assert task is not None
+        pid, ops = self._ops
+        if pid != os.getpid():  # inherited by a fork: those tasks ran in the parent
+            self._ops = pid, ops = os.getpid(), {}
+        ops[task] = unbounded
+        task.add_done_callback(lambda done: ops.pop(done, None))
 
     def _attempt(self) -> asyncio.Task[Any] | None:
         """On the helper loop: the connection attempt in flight (started if none), or None
@@ -112,28 +131,43 @@ class Link:
 
     def close(self) -> None:
         """Stop background work and close the client (tests, shutdown); a later failure opens
-        a new one."""
-        for future in self._background:
-            future.cancel()
-        self._background.clear()
+        a new one. Waits a moment for it; the closing goes on on the helper loop."""
+        helper = _helper
+        if helper is None or helper[0] != os.getpid():
+            return  # no helper loop in this process: nothing of ours runs or is open here
+        try:
+            asyncio.run_coroutine_threadsafe(self._shut(), helper[1]).result(1.0)
+        except Exception:  # best effort: a busy loop, or one gone at interpreter exit
+            pass
+
+    async def _shut(self) -> None:
+        """On the helper loop: detach the client and the connection attempt, stop what may
+        run for long, let the rest end (each within its bound), then close the client, which
+        nothing holds any more."""
+        mine = os.getpid()
+        pid, client = self._client
+        self._client[:] = [0, None]  # from here on, an operation opens a client of its own
         pending, self._connecting = self._connecting, None
-        if pending is not None and pending[0] == os.getpid() and _helper is not None:
-
-            async def stop() -> None:  # the attempt closes its socket as it ends
-                pending[1].cancel()
-                await asyncio.wait([pending[1]])
-
-            try:
-                asyncio.run_coroutine_threadsafe(stop(), _helper[1]).result(1.0)
-            except Exception:  # best effort, as closing the client below
-                pass
-        _close_later(self._client, wait=1.0)
+        ops_pid, ops = self._ops
+        running = list(ops.items()) if ops_pid == mine else []
+        for task, unbounded in running:
+            if unbounded:
+                task.cancel()
+        waits = [task for task, _ in running]
+        if pending is not None and pending[0] == mine:
+            pending[1].cancel()  # the attempt closes its own client as it ends
+            waits.append(pending[1])
+        if waits:
+            await asyncio.wait(waits)
+        if client is not None and pid == mine:
+            await _aclose(client)
 
     def background(self, operation: Operation[Any]) -> None:
         """Run ``operation`` on the helper loop until ``close`` (a subscriber); while Redis
         cannot be reached, try again every ``retry_after``."""
 
         async def main() -> None:
+            self._track(unbounded=True)
             while True:
                 try:
                     client = await self._connected(self._attempt())
@@ -149,13 +183,13 @@ class Link:
         start = asyncio.run_coroutine_threadsafe
         future = contextvars.Context().run(start, main(), _helper_loop())
         future.add_done_callback(_retrieved)
-        self._background.append(future)
 
     def submit(self, operation: Operation[T], bound: float | None) -> Future[T]:
         """Start ``operation(client)`` on the helper loop. ``bound`` (seconds) limits the
         whole of it, connecting included; None: only connecting, to ``op_timeout``."""
 
         async def main() -> T:
+            self._track(unbounded=bound is None)
             attempt = self._attempt()
             if bound is None:
                 async with asyncio.timeout(self.option.op_timeout):

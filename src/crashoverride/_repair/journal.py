@@ -9,13 +9,20 @@ into a signed fix record (``_fleet.records``); in-process coordination just drop
 A change is identified by the digest of the code object it replaced (``digest``): bytecode,
 constants and names, not files or line numbers, so it is the same in every process of one
 deployment.
+
+Every code object a change replaced in this process, whoever made it (agent code, a fleet
+record applied on failure or eagerly), is also remembered for as long as something still
+holds it (``supersede``): a failure raised through one of them happened before the fix, and
+single-flight replays it rather than starting another recovery (``ran_superseded``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 import types
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Final
@@ -28,6 +35,55 @@ _lock = threading.Lock()
 _pending: OrderedDict[str, dict[str, dict[str, str]]] = OrderedDict()
 # File edits by recovery, until its record is made (``make``) or they are pushed out.
 _files: OrderedDict[str, list[dict[str, str]]] = OrderedDict()
+# The code objects changes replaced here, by identity (code objects compare equal by content):
+# id -> the code, the function it was replaced in, whether its names were rebound (rather than
+# its code swapped). All weakly held: an entry lasts while a traceback or a caller holds the code.
+_superseded: dict[int, tuple[weakref.ref[types.CodeType], weakref.ref[types.FunctionType], bool]]
+_superseded = {}
+
+
+def supersede(code: types.CodeType, function: types.FunctionType, *, rebound: bool = False) -> None:
+    """``function`` no longer runs ``code`` here: a change swapped its code, or (``rebound``)
+    rebound the names that held it to another function."""
+    key = id(code)
+    # A weakref callback may run in the middle of any code (this thread may hold a lock):
+    # plain dict operations only, atomic on their own.
+    _superseded[key] = (weakref.ref(code, lambda _: _forget(key)), weakref.ref(function), rebound)
+
+
+def _forget(key: int) -> None:
+    entry = _superseded.get(key)
+    if entry is not None and entry[0]() is None:
+        _superseded.pop(key, None)
+
+
+def ran_superseded(exc: BaseException | None) -> bool:
+    """Whether ``exc`` was raised through code that a change has replaced since it ran, and
+    that its function still does not run: a failure from before a fix."""
+    tb = exc.__traceback__ if exc is not None else None
+    while tb is not None and _superseded:
+        code = tb.tb_frame.f_code
+        entry = _superseded.get(id(code))
+        if entry is not None and entry[0]() is code and _still_replaced(code, *entry[1:]):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _still_replaced(
+    code: types.CodeType, ref: weakref.ref[types.FunctionType], rebound: bool
+) -> bool:
+    function = ref()
+    if function is None:  # nothing can run it again
+        return True
+    if not rebound:
+        return function.__code__ is not code
+    if "<locals>" in function.__qualname__:
+        return True  # no name reaches it but references: it was rebound
+    named: object = sys.modules.get(function.__module__)
+    for part in function.__qualname__.split("."):
+        named = getattr(named, part, None)
+    return named is not function
 
 
 def digest(code: types.CodeType) -> str:

@@ -82,8 +82,9 @@ def replace_function(target: Any, new: Any) -> str:
     target.__defaults__ = replacement.__defaults__
     target.__kwdefaults__ = replacement.__kwdefaults__
     target.__doc__ = replacement.__doc__ or target.__doc__
-    from crashoverride._repair.journal import note
+    from crashoverride._repair.journal import note, supersede
 
+    supersede(replaced, target)
     note(target, replaced, new if isinstance(new, str) else source_of(replacement))
     return f"{target.__module__}.{target.__qualname__} now runs the new code for every caller."
 
@@ -103,13 +104,17 @@ def rebind_everywhere(old: Any, new: Any) -> list[str]:
             if value is old:
                 namespace[key] = new
                 changed.append(f"{name}.{key}")
-            elif inspect.isclass(value) and value.__module__ == name:
+            # ``type(value)``, never ``isinstance``: that asks the object its ``__class__``,
+            # and a library's lazy proxy answers by loading what it stands for (openai's import
+            # a thousand modules, taking seconds): every module's globals are walked here.
+            elif issubclass(type(value), type) and value.__module__ == name:
                 for attr, member in list(vars(value).items()):
                     if member is old:
                         setattr(value, attr, new)
                         changed.append(f"{name}.{key}.{attr}")
     if changed and isinstance(old, types.FunctionType) and isinstance(new, types.FunctionType):
-        from crashoverride._repair.journal import note
+        from crashoverride._repair.journal import note, supersede
 
+        supersede(old.__code__, old, rebound=True)
         note(old, old.__code__, source_of(new), new=new.__code__, kind="rebind")
     return changed
