@@ -404,6 +404,24 @@ def _stored_fix(url: str) -> tuple[redis.Redis, str, dict[str, Any]]:
     return client, name.decode(), json.loads(client.get(name) or b"")
 
 
+def _refused_then_recovered_here(url: str, leader: CrashOverride) -> str:
+    """A later process fails as the leader did: the stored record is refused and its own agent
+    recovers (two model calls, nothing applied). The refusal's reason."""
+    model = script(exec_python(PATCH), done("patched"))
+    later = app(url, model)
+
+    @later.handler()
+    def later_job(i: int) -> int:
+        return transform(i)
+
+    with capture_logs() as logs:
+        assert later_job(4) == 40  # by its own agent run, not by the record
+    close_fleet(leader, later)
+    (refused,) = events(logs, "fleet.fix_refused")
+    assert events(logs, "fleet.fix_applied") == [] and len(model.calls) == 2
+    return str(refused["reason"])
+
+
 @pytest.mark.parametrize("tamper", ["source", "code_hash", "signature"])
 def test_a_tampered_record_is_refused_and_logged(url: str, tamper: str) -> None:
     leader = fixed_elsewhere(url)
@@ -420,20 +438,8 @@ def test_a_tampered_record_is_refused_and_logged(url: str, tamper: str) -> None:
         envelope["sig"] = "0" * 64
     client.set(name, json.dumps(envelope))
     client.close()
-    model = script(exec_python(PATCH), done("patched"))
-    later = app(url, model)
-
-    @later.handler()
-    def later_job(i: int) -> int:
-        return transform(i)
-
-    with capture_logs() as logs:
-        assert later_job(4) == 40  # by its own agent run, not by the record
-    close_fleet(leader, later)
-    (refused,) = events(logs, "fleet.fix_refused")
     expected = "other code" if tamper == "code_hash" else "bad signature"
-    assert expected in refused["reason"]
-    assert events(logs, "fleet.fix_applied") == [] and len(model.calls) == 2
+    assert expected in _refused_then_recovered_here(url, leader)
 
 
 @pytest.mark.parametrize("signal", ["asyncio.CancelledError()", "GeneratorExit()", "Halt()"])
@@ -452,19 +458,7 @@ def test_a_fix_that_raises_a_control_signal_cannot_replace_the_failure(
     )
     client.set(name, records.sign(envelope["record"], FLEET_KEY.encode()))
     client.close()
-    model = script(exec_python(PATCH), done("patched"))
-    later = app(url, model)
-
-    @later.handler()
-    def later_job(i: int) -> int:
-        return transform(i)
-
-    with capture_logs() as logs:
-        assert later_job(4) == 40  # by its own agent run, not by the record
-    close_fleet(leader, later)
-    (refused,) = events(logs, "fleet.fix_refused")
-    assert "only the runtime may raise" in refused["reason"]
-    assert events(logs, "fleet.fix_applied") == [] and len(model.calls) == 2
+    assert "only the runtime may raise" in _refused_then_recovered_here(url, leader)
 
 
 def authorise(amount: int) -> int:
