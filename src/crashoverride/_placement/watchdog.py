@@ -7,14 +7,18 @@ timeout, a cancel scope) can fire. While a snippet runs under :func:`guard`:
 * at the deadline the watchdog thread raises ``Preempted`` in the owner's thread
   (``PyThreadState_SetAsyncExc``): this strike also reaches application code the snippet
   called, and a blocking C call once it returns;
-* from then on every line of snippet code raises ``Preempted``, so a bare ``except:`` cannot
-  swallow the stop. A ``sys.settrace`` tracer on the owner's thread, for the snippet only, gives
-  line events to snippet code alone (compiled agent source, ``<crashoverride-N>``, and the
-  functions it defines) and costs one flag check per line until the deadline;
+* from then on every line of code running below the guard on the owner's thread raises
+  ``Preempted``, so a bare ``except:`` cannot swallow the stop. What is stopped is found by the
+  stack it runs on, not by where it was compiled: the snippet, what it passes to ``exec``, builds
+  from code objects or imports from a string, and the application code it calls. A
+  ``Preempted`` created on the owner's thread (the strike landing) installs a ``sys.settrace``
+  tracer there and line-traces every frame between it and the guard; the tracer line-traces
+  each new frame below the guard. Before the deadline nothing is traced: the happy path costs
+  nothing;
 * CPython drops a trace function that raises, and the handler that catches it may spin
   untraced. So a ``Preempted`` that is created (a strike landing) or swallowed (its last
   reference gone) puts the tracer back, and the watchdog strikes again every ``RESTRIKE``
-  seconds while the owner's thread is still running snippet code;
+  seconds while the owner's thread is still running code below the guard;
 * ``Preempted`` derives from ``BaseException``, so ``except Exception`` lets it through anyway.
 
 A snippet with top-level ``await`` is driven by :func:`stepped`, one guarded step at a time:
@@ -34,8 +38,10 @@ work" flag set for good, which slows every thread down and, with a trace functio
 makes the next function call spin forever.
 
 What it cannot stop: a blocking C call (``time.sleep``, ``lock.acquire``, a socket read) before
-it returns, and application code the snippet calls that swallows every exception in a loop (it
-is not traced). Interrupted code may leave state half-updated: the stop comes only once the
+it returns, and code the snippet leaves to run elsewhere or later (a thread it starts, a callback
+it schedules): that no longer holds the owner's thread, and the application's own threads and
+callbacks, started while the snippet called it, look just the same (stopping those would break
+the application). Interrupted code may leave state half-updated: the stop comes only once the
 recovery has already failed by running out of time.
 """
 
@@ -59,9 +65,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# How ``_agent.namespace`` names compiled agent source: ``<crashoverride-1>``,
-# ``<crashoverride-2>``, ...
-SNIPPET_PREFIX = "<crashoverride-"
 STOPPED = "agent code was still running when the recovery's time ran out and was interrupted"
 RESTRIKE = 0.1  # seconds between strikes once out of time
 
@@ -78,9 +81,11 @@ class Preempted(BaseException):
 
 
 def _retrace() -> None:
-    """Put back the tracer CPython dropped when it raised, if this thread is out of time."""
+    """Install the tracer (again: CPython drops one that raised) if this thread is out of time."""
     current = getattr(_this_thread, "guard", None)
-    if current is not None and current.stop:
+    while current is not None and not current.stop:
+        current = current.outer  # an enclosing recovery's guard may be out of time first
+    if current is not None:
         current.retrace()
 
 
@@ -88,19 +93,26 @@ _strike = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
     ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
 )
 _this_thread = threading.local()  # .guard: the innermost open guard of this thread
+# The watchdog's own frames (``Preempted`` being made or freed, leaving the guard) are never
+# traced nor counted as agent code: the stop must not stop itself.
+_OURS = globals()
 
 
 class _Guard:
-    """Guarded stretches of agent code against one deadline; entered again for each stretch."""
+    """Guarded stretches of agent code against one deadline; entered again for each stretch.
+
+    What is guarded is the call stack rooted at ``entry`` (the frame running the ``with``) on
+    the owner's thread: every frame called from it, however it was compiled.
+    """
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
         self.thread = 0
         self.live = False  # open, and armed unless out of time already
-        self.stop = False  # out of time: snippet code raises at every line
+        self.stop = False  # out of time: code below the guard raises at every line
         self.queued = False  # in the watchdog's heap
         self.retired = False  # closed for good: its heap entry is dropped, not kept to deadline
-        self.tracing = False
+        self.tracing = False  # our tracer is installed (only ever once out of time)
         self.previous: TraceFunction | None = None
         self.outer: _Guard | None = None
         self.entry: FrameType | None = None  # the frame running the guarded code
@@ -114,8 +126,8 @@ class _Guard:
             return self._lines  # not ``lines``: a function closing over itself is a cycle
 
         def calls(frame: FrameType, event: str, arg: Any) -> TraceFunction | None:
-            # Only snippet code gets line events; everything else runs untraced.
-            return self._lines if frame.f_code.co_filename.startswith(SNIPPET_PREFIX) else None
+            # Installed once out of time only: each new frame below the guard is line-traced.
+            return self._lines if self.below(frame) else None
 
         self._lines = lines
         self._calls = calls
@@ -126,12 +138,12 @@ class _Guard:
         self.outer = getattr(_this_thread, "guard", None)
         _this_thread.guard = self
         self.previous = sys.gettrace()  # a debugger's or coverage's: restored on the way out
-        self.live = self.tracing = True
-        sys.settrace(self._calls)
+        self.live = True
         if self.deadline <= time.monotonic():
-            # Out of time already: no first strike into this code, the snippet stops at its
-            # first line; later strikes still come should a handler spin.
+            # Out of time already: no first strike into this code, it stops at its first line;
+            # later strikes still come should a handler spin.
             self.stop = True
+            self.retrace()
         try:
             _WATCHDOG.arm(self)  # last: from here on a strike may land at any check
         except BaseException:
@@ -168,25 +180,47 @@ class _Guard:
         # Its tracers close over it: without them it is freed by reference counting.
         self._lines = self._calls = _no_trace
 
-    def in_snippet(self) -> bool:
-        """Whether the owner's thread is running snippet code under this guard."""
-        frame = sys._current_frames().get(self.thread)
-        while frame is not None and frame is not self.entry:
-            if frame.f_code.co_filename.startswith(SNIPPET_PREFIX):
+    def below(self, frame: FrameType) -> bool:
+        """Whether ``frame`` was called, however deeply, from the guarded code, and is not ours."""
+        if frame.f_globals is _OURS:
+            return False
+        caller = frame.f_back
+        while caller is not None:
+            if caller is self.entry:
                 return True
+            caller = caller.f_back
+        return False
+
+    def running_below(self) -> bool:
+        """Whether the owner's thread is running code below the guard (not the guard's own)."""
+        frame = sys._current_frames().get(self.thread)
+        agent = False
+        while frame is not None:
+            if frame is self.entry:
+                return agent
+            agent = agent or frame.f_globals is not _OURS
             frame = frame.f_back
         return False
 
     def retrace(self) -> None:
-        """Put the tracer back, and on the snippet frames still running."""
-        if not self.tracing or sys.gettrace() is self._calls:
+        """Install the tracer on this, the owner's, thread, and on the frames below the guard.
+
+        Called on the owner's thread only: by a ``Preempted`` made or freed there, or on entry.
+        """
+        if sys.gettrace() is self._calls:
             return
-        sys.settrace(self._calls)
+        running: list[FrameType] = []
         frame: FrameType | None = sys._getframe(1)
-        while frame is not None:
-            if frame.f_code.co_filename.startswith(SNIPPET_PREFIX):
-                frame.f_trace = self._lines
+        while frame is not None and frame is not self.entry:
+            if frame.f_globals is not _OURS:
+                running.append(frame)
             frame = frame.f_back
+        if frame is None:
+            return  # not below the guard: its code has ended, nothing to stop
+        self.tracing = True
+        sys.settrace(self._calls)
+        for frame in running:
+            frame.f_trace = self._lines
 
 
 class _Watchdog:
@@ -236,9 +270,9 @@ class _Watchdog:
                         continue
                     if not guard_.live:
                         continue
-                    # The first strike always; later ones only into snippet code, never into
-                    # the code leaving the guard.
-                    if not guard_.stop or guard_.in_snippet():
+                    # The first strike always; later ones only into code below the guard,
+                    # never into the code leaving it.
+                    if not guard_.stop or guard_.running_below():
                         guard_.stop = True
                         _strike(guard_.thread, Preempted)
                     guard_.queued = True
