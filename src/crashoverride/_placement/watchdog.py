@@ -7,18 +7,22 @@ timeout, a cancel scope) can fire. While a snippet runs under :func:`guard`:
 * at the deadline the watchdog thread raises ``Preempted`` in the owner's thread
   (``PyThreadState_SetAsyncExc``): this strike also reaches application code the snippet
   called, and a blocking C call once it returns;
-* from then on every line of code running below the guard on the owner's thread raises
-  ``Preempted``, so a bare ``except:`` cannot swallow the stop. What is stopped is found by the
-  stack it runs on, not by where it was compiled: the snippet, what it passes to ``exec``, builds
-  from code objects or imports from a string, and the application code it calls. A
-  ``Preempted`` created on the owner's thread (the strike landing) installs a ``sys.settrace``
-  tracer there and line-traces every frame between it and the guard; the tracer line-traces
-  each new frame below the guard. Before the deadline nothing is traced: the happy path costs
-  nothing;
-* CPython drops a trace function that raises, and the handler that catches it may spin
-  untraced. So a ``Preempted`` that is created (a strike landing) or swallowed (its last
-  reference gone) puts the tracer back, and the watchdog strikes again every ``RESTRIKE``
-  seconds while the owner's thread is still running code below the guard;
+* from then on the stop cannot be swallowed by any code below the guard on the owner's thread:
+  what is stopped is found by the stack it runs on, not by where it was compiled (the snippet,
+  what it passes to ``exec``, builds from code objects or imports from a string, the
+  application code it calls). A frame that swallowed a stop is stopped again at every line it
+  runs: the frame running when a ``Preempted`` is freed, and, when a strike lands while an
+  earlier one is still kept somewhere (``except BaseException as e: errors.append(e)``),
+  every frame below the guard. Code that lets the stop go on is left alone: ``finally``
+  blocks, ``__exit__`` and finalizers run to their end, so an application's ``with
+  semaphore:`` is still released;
+* this takes a ``sys.settrace`` tracer on the owner's thread, installed there by the first
+  ``Preempted`` made (a strike landing): before the deadline nothing is traced, the happy path
+  costs nothing. The tracer never raises (CPython drops a trace function that raises, and the
+  handler catching it would then spin untraced): it sends ``Preempted`` to its own thread, as
+  the watchdog does, raised at the next call or backward jump. A ``Preempted`` made or freed
+  puts the tracer back should something have removed it, and the watchdog strikes again every
+  ``RESTRIKE`` seconds while the owner's thread is still running code below the guard;
 * ``Preempted`` derives from ``BaseException``, so ``except Exception`` lets it through anyway.
 
 A snippet with top-level ``await`` is driven by :func:`stepped`, one guarded step at a time:
@@ -28,14 +32,14 @@ Nothing is raised outside the guarded code and no lock is ever left held. An asy
 exception is delivered only where the interpreter checks for pending work (the end of a call,
 the start of a function, a backward jump). The watchdog strikes while holding a plain C lock,
 and leaving the guard takes that lock first, so no strike comes after it; one sent just before
-(at most one: later ones need snippet code running) lands by the end of ``close()``, whose
-callers then simply run it again. ``with lock:`` on a C lock is inside its body as soon as the
-lock is taken, where a Python-level lock (``threading.Condition``, ``Event``) can be
-interrupted after taking it and stay taken for good; the watchdog thread is woken through a C
-``SimpleQueue`` for the same reason. A strike is never withdrawn with
-``PyThreadState_SetAsyncExc(id, NULL)``: before 3.13 that leaves the interpreter's "pending
-work" flag set for good, which slows every thread down and, with a trace function installed,
-makes the next function call spin forever.
+(at most one: later ones need code below the guard running), or by the tracer in the guarded
+code's last lines, lands by the end of ``close()``, whose callers then simply run it again.
+``with lock:`` on a C lock is inside its body as soon as the lock is taken, where a Python-level
+lock (``threading.Condition``, ``Event``) can be interrupted after taking it and stay taken for
+good; the watchdog thread is woken through a C ``SimpleQueue`` for the same reason. A strike is
+never withdrawn with ``PyThreadState_SetAsyncExc(id, NULL)``: before 3.13 that leaves the
+interpreter's "pending work" flag set for good, which slows every thread down and, with a trace
+function installed, makes the next function call spin forever.
 
 What it cannot stop: a blocking C call (``time.sleep``, ``lock.acquire``, a socket read) before
 it returns, and code the snippet leaves to run elsewhere or later (a thread it starts, a callback
@@ -74,19 +78,25 @@ class Preempted(BaseException):
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
-        _retrace()  # a strike landing: it may land in a handler that spins untraced
+        # A strike landing (the tracer asks again with ``_Again``): it may land in a handler
+        # that spins, or while an earlier one is kept.
+        _retrace(struck=id(self) if type(self) is Preempted else None)
 
     def __del__(self) -> None:
-        _retrace()  # the last reference went: agent code swallowed it
+        _retrace(freed=id(self))  # the last reference went: the code running now swallowed it
 
 
-def _retrace() -> None:
-    """Install the tracer (again: CPython drops one that raised) if this thread is out of time."""
+class _Again(Preempted):
+    """The stop again, asked for by the tracer in a frame that swallowed it."""
+
+
+def _retrace(*, struck: int | None = None, freed: int | None = None) -> None:
+    """If this thread is out of time: note what a stop made or freed tells, trace again."""
     current = getattr(_this_thread, "guard", None)
     while current is not None and not current.stop:
         current = current.outer  # an enclosing recovery's guard may be out of time first
     if current is not None:
-        current.retrace()
+        current.retrace(struck=struck, freed=freed)
 
 
 _strike = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
@@ -109,25 +119,40 @@ class _Guard:
         self.deadline = deadline
         self.thread = 0
         self.live = False  # open, and armed unless out of time already
-        self.stop = False  # out of time: code below the guard raises at every line
+        self.stop = False  # out of time: code below the guard is being stopped
         self.queued = False  # in the watchdog's heap
         self.retired = False  # closed for good: its heap entry is dropped, not kept to deadline
         self.tracing = False  # our tracer is installed (only ever once out of time)
         self.previous: TraceFunction | None = None
         self.outer: _Guard | None = None
         self.entry: FrameType | None = None  # the frame running the guarded code
+        # Once out of time (the owner's thread only; cleared on leaving):
+        self.swallowers: set[FrameType] = set()  # frames stopped again at every line
+        self.struck: set[int] = set()  # the strikes' stops not freed yet
+        self.unwinding: set[FrameType] = set()  # swallowers an exception is leaving
+        self.barred = False  # entered out of time: every new frame below is a swallower
 
         def lines(frame: FrameType, event: str, arg: Any) -> TraceFunction:
-            if self.stop:
-                # A strike still pending is delivered at the end of this call, here rather than
-                # later in whatever handles this raise (a ``__del__`` even).
-                time.monotonic()
-                raise Preempted
+            if self.stop and frame in self.swallowers:
+                if event == "exception":
+                    self.unwinding.add(frame)  # on its way out already
+                elif event == "return" and frame in self.unwinding:
+                    self.unwinding.discard(frame)  # left by the exception: nothing to add
+                else:
+                    # Caught it and goes on. Not raised here: CPython drops a trace function
+                    # that raises, and the handler would then spin untraced. An asynchronous
+                    # exception of its own, it is raised at the next call or backward jump.
+                    self.unwinding.discard(frame)
+                    _strike(self.thread, _Again)
             return self._lines  # not ``lines``: a function closing over itself is a cycle
 
         def calls(frame: FrameType, event: str, arg: Any) -> TraceFunction | None:
-            # Installed once out of time only: each new frame below the guard is line-traced.
-            return self._lines if self.below(frame) else None
+            # Installed once out of time only; new frames are left alone (cleanup among them)
+            # unless the guarded code began out of time.
+            if self.barred and self.below(frame):
+                self.swallowers.add(frame)
+                return self._lines
+            return None
 
         self._lines = lines
         self._calls = calls
@@ -142,7 +167,7 @@ class _Guard:
         if self.deadline <= time.monotonic():
             # Out of time already: no first strike into this code, it stops at its first line;
             # later strikes still come should a handler spin.
-            self.stop = True
+            self.stop = self.barred = True
             self.retrace()
         try:
             _WATCHDOG.arm(self)  # last: from here on a strike may land at any check
@@ -169,6 +194,10 @@ class _Guard:
         if self.tracing:
             self.tracing = False
             sys.settrace(self.previous)
+        self.barred = False
+        self.swallowers.clear()  # frames kept since the stop: their finalizers run now
+        self.unwinding.clear()
+        self.struck.clear()
         if getattr(_this_thread, "guard", None) is self:
             _this_thread.guard = self.outer
         self.entry = None
@@ -202,13 +231,13 @@ class _Guard:
             frame = frame.f_back
         return False
 
-    def retrace(self) -> None:
-        """Install the tracer on this, the owner's, thread, and on the frames below the guard.
+    def retrace(self, *, struck: int | None = None, freed: int | None = None) -> None:
+        """Install the tracer on this, the owner's, thread, and on the frames that swallowed.
 
-        Called on the owner's thread only: by a ``Preempted`` made or freed there, or on entry.
+        Called on the owner's thread only: on entry, or by a ``Preempted`` made there
+        (``struck``: a strike landing) or freed there (``freed``: the frame running swallowed
+        it).
         """
-        if sys.gettrace() is self._calls:
-            return
         running: list[FrameType] = []
         frame: FrameType | None = sys._getframe(1)
         while frame is not None and frame is not self.entry:
@@ -217,10 +246,19 @@ class _Guard:
             frame = frame.f_back
         if frame is None:
             return  # not below the guard: its code has ended, nothing to stop
-        self.tracing = True
-        sys.settrace(self._calls)
+        if freed is not None:
+            self.struck.discard(freed)
+            self.swallowers.update(running[:1])
+        if struck is not None:
+            if self.struck:  # an earlier strike's stop is still kept: nothing here may go on
+                self.swallowers.update(running)
+            self.struck.add(struck)
+        if sys.gettrace() is not self._calls:
+            self.tracing = True
+            sys.settrace(self._calls)
         for frame in running:
-            frame.f_trace = self._lines
+            if frame in self.swallowers:
+                frame.f_trace = self._lines
 
 
 class _Watchdog:
