@@ -306,22 +306,6 @@ def test_a_debuggers_trace_function_is_restored_and_still_works_after_a_stop() -
     assert "call" in events
 
 
-def test_only_snippet_code_is_line_traced() -> None:
-    seen: dict[str, Any] = {}
-
-    def probe() -> None:  # application code the snippet calls
-        tracer = sys.gettrace()
-        assert tracer is not None
-        seen["app"] = tracer(sys._getframe(), "call", None)
-        seen["snippet"] = tracer(sys._getframe(1), "call", None)
-
-    workspace = Workspace(globals_={"probe": probe}, caller=None, bindings={})
-    workspace.deadline = time.monotonic() + 30
-    workspace.execute("probe()")
-    assert seen["app"] is None
-    assert callable(seen["snippet"])
-
-
 def test_finished_snippets_leave_nothing_queued_until_their_deadline() -> None:
     # Each snippet's guard used to stay in the watchdog's queue until its recovery's deadline
     # (minutes, by default): a server recovering often held thousands, with their closures.

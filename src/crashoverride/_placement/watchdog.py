@@ -7,14 +7,22 @@ timeout, a cancel scope) can fire. While a snippet runs under :func:`guard`:
 * at the deadline the watchdog thread raises ``Preempted`` in the owner's thread
   (``PyThreadState_SetAsyncExc``): this strike also reaches application code the snippet
   called, and a blocking C call once it returns;
-* from then on every line of snippet code raises ``Preempted``, so a bare ``except:`` cannot
-  swallow the stop. A ``sys.settrace`` tracer on the owner's thread, for the snippet only, gives
-  line events to snippet code alone (compiled agent source, ``<crashoverride-N>``, and the
-  functions it defines) and costs one flag check per line until the deadline;
-* CPython drops a trace function that raises, and the handler that catches it may spin
-  untraced. So a ``Preempted`` that is created (a strike landing) or swallowed (its last
-  reference gone) puts the tracer back, and the watchdog strikes again every ``RESTRIKE``
-  seconds while the owner's thread is still running snippet code;
+* from then on the stop cannot be swallowed by any code below the guard on the owner's thread:
+  what is stopped is found by the stack it runs on, not by where it was compiled (the snippet,
+  what it passes to ``exec``, builds from code objects or imports from a string, the
+  application code it calls). A frame that swallowed a stop is stopped again at every line it
+  runs: the frame running when a ``Preempted`` is freed, and, when a strike lands while an
+  earlier one is still kept somewhere (``except BaseException as e: errors.append(e)``),
+  every frame below the guard. Code that lets the stop go on is left alone: ``finally``
+  blocks, ``__exit__`` and finalizers run to their end, so an application's ``with
+  semaphore:`` is still released;
+* this takes a ``sys.settrace`` tracer on the owner's thread, installed there by the first
+  ``Preempted`` made (a strike landing): before the deadline nothing is traced, the happy path
+  costs nothing. The tracer never raises (CPython drops a trace function that raises, and the
+  handler catching it would then spin untraced): it sends ``Preempted`` to its own thread, as
+  the watchdog does, raised at the next call or backward jump. A ``Preempted`` made or freed
+  puts the tracer back should something have removed it, and the watchdog strikes again every
+  ``RESTRIKE`` seconds while the owner's thread is still running code below the guard;
 * ``Preempted`` derives from ``BaseException``, so ``except Exception`` lets it through anyway.
 
 A snippet with top-level ``await`` is driven by :func:`stepped`, one guarded step at a time:
@@ -24,18 +32,20 @@ Nothing is raised outside the guarded code and no lock is ever left held. An asy
 exception is delivered only where the interpreter checks for pending work (the end of a call,
 the start of a function, a backward jump). The watchdog strikes while holding a plain C lock,
 and leaving the guard takes that lock first, so no strike comes after it; one sent just before
-(at most one: later ones need snippet code running) lands by the end of ``close()``, whose
-callers then simply run it again. ``with lock:`` on a C lock is inside its body as soon as the
-lock is taken, where a Python-level lock (``threading.Condition``, ``Event``) can be
-interrupted after taking it and stay taken for good; the watchdog thread is woken through a C
-``SimpleQueue`` for the same reason. A strike is never withdrawn with
-``PyThreadState_SetAsyncExc(id, NULL)``: before 3.13 that leaves the interpreter's "pending
-work" flag set for good, which slows every thread down and, with a trace function installed,
-makes the next function call spin forever.
+(at most one: later ones need code below the guard running), or by the tracer in the guarded
+code's last lines, lands by the end of ``close()``, whose callers then simply run it again.
+``with lock:`` on a C lock is inside its body as soon as the lock is taken, where a Python-level
+lock (``threading.Condition``, ``Event``) can be interrupted after taking it and stay taken for
+good; the watchdog thread is woken through a C ``SimpleQueue`` for the same reason. A strike is
+never withdrawn with ``PyThreadState_SetAsyncExc(id, NULL)``: before 3.13 that leaves the
+interpreter's "pending work" flag set for good, which slows every thread down and, with a trace
+function installed, makes the next function call spin forever.
 
 What it cannot stop: a blocking C call (``time.sleep``, ``lock.acquire``, a socket read) before
-it returns, and application code the snippet calls that swallows every exception in a loop (it
-is not traced). Interrupted code may leave state half-updated: the stop comes only once the
+it returns, and code the snippet leaves to run elsewhere or later (a thread it starts, a callback
+it schedules): that no longer holds the owner's thread, and the application's own threads and
+callbacks, started while the snippet called it, look just the same (stopping those would break
+the application). Interrupted code may leave state half-updated: the stop comes only once the
 recovery has already failed by running out of time.
 """
 
@@ -59,9 +69,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# How ``_agent.namespace`` names compiled agent source: ``<crashoverride-1>``,
-# ``<crashoverride-2>``, ...
-SNIPPET_PREFIX = "<crashoverride-"
 STOPPED = "agent code was still running when the recovery's time ran out and was interrupted"
 RESTRIKE = 0.1  # seconds between strikes once out of time
 
@@ -71,51 +78,81 @@ class Preempted(BaseException):
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
-        _retrace()  # a strike landing: it may land in a handler that spins untraced
+        # A strike landing (the tracer asks again with ``_Again``): it may land in a handler
+        # that spins, or while an earlier one is kept.
+        _retrace(struck=id(self) if type(self) is Preempted else None)
 
     def __del__(self) -> None:
-        _retrace()  # the last reference went: agent code swallowed it
+        _retrace(freed=id(self))  # the last reference went: the code running now swallowed it
 
 
-def _retrace() -> None:
-    """Put back the tracer CPython dropped when it raised, if this thread is out of time."""
+class _Again(Preempted):
+    """The stop again, asked for by the tracer in a frame that swallowed it."""
+
+
+def _retrace(*, struck: int | None = None, freed: int | None = None) -> None:
+    """If this thread is out of time: note what a stop made or freed tells, trace again."""
     current = getattr(_this_thread, "guard", None)
-    if current is not None and current.stop:
-        current.retrace()
+    while current is not None and not current.stop:
+        current = current.outer  # an enclosing recovery's guard may be out of time first
+    if current is not None:
+        current.retrace(struck=struck, freed=freed)
 
 
 _strike = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
     ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
 )
 _this_thread = threading.local()  # .guard: the innermost open guard of this thread
+# The watchdog's own frames (``Preempted`` being made or freed, leaving the guard) are never
+# traced nor counted as agent code: the stop must not stop itself.
+_OURS = globals()
 
 
 class _Guard:
-    """Guarded stretches of agent code against one deadline; entered again for each stretch."""
+    """Guarded stretches of agent code against one deadline; entered again for each stretch.
+
+    What is guarded is the call stack rooted at ``entry`` (the frame running the ``with``) on
+    the owner's thread: every frame called from it, however it was compiled.
+    """
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
         self.thread = 0
         self.live = False  # open, and armed unless out of time already
-        self.stop = False  # out of time: snippet code raises at every line
+        self.stop = False  # out of time: code below the guard is being stopped
         self.queued = False  # in the watchdog's heap
         self.retired = False  # closed for good: its heap entry is dropped, not kept to deadline
-        self.tracing = False
+        self.tracing = False  # our tracer is installed (only ever once out of time)
         self.previous: TraceFunction | None = None
         self.outer: _Guard | None = None
         self.entry: FrameType | None = None  # the frame running the guarded code
+        # Once out of time (the owner's thread only; cleared on leaving):
+        self.swallowers: set[FrameType] = set()  # frames stopped again at every line
+        self.struck: set[int] = set()  # the strikes' stops not freed yet
+        self.unwinding: set[FrameType] = set()  # swallowers an exception is leaving
+        self.barred = False  # entered out of time: every new frame below is a swallower
 
         def lines(frame: FrameType, event: str, arg: Any) -> TraceFunction:
-            if self.stop:
-                # A strike still pending is delivered at the end of this call, here rather than
-                # later in whatever handles this raise (a ``__del__`` even).
-                time.monotonic()
-                raise Preempted
+            if self.stop and frame in self.swallowers:
+                if event == "exception":
+                    self.unwinding.add(frame)  # on its way out already
+                elif event == "return" and frame in self.unwinding:
+                    self.unwinding.discard(frame)  # left by the exception: nothing to add
+                else:
+                    # Caught it and goes on. Not raised here: CPython drops a trace function
+                    # that raises, and the handler would then spin untraced. An asynchronous
+                    # exception of its own, it is raised at the next call or backward jump.
+                    self.unwinding.discard(frame)
+                    _strike(self.thread, _Again)
             return self._lines  # not ``lines``: a function closing over itself is a cycle
 
         def calls(frame: FrameType, event: str, arg: Any) -> TraceFunction | None:
-            # Only snippet code gets line events; everything else runs untraced.
-            return self._lines if frame.f_code.co_filename.startswith(SNIPPET_PREFIX) else None
+            # Installed once out of time only; new frames are left alone (cleanup among them)
+            # unless the guarded code began out of time.
+            if self.barred and self.below(frame):
+                self.swallowers.add(frame)
+                return self._lines
+            return None
 
         self._lines = lines
         self._calls = calls
@@ -126,12 +163,12 @@ class _Guard:
         self.outer = getattr(_this_thread, "guard", None)
         _this_thread.guard = self
         self.previous = sys.gettrace()  # a debugger's or coverage's: restored on the way out
-        self.live = self.tracing = True
-        sys.settrace(self._calls)
+        self.live = True
         if self.deadline <= time.monotonic():
-            # Out of time already: no first strike into this code, the snippet stops at its
-            # first line; later strikes still come should a handler spin.
-            self.stop = True
+            # Out of time already: no first strike into this code, it stops at its first line;
+            # later strikes still come should a handler spin.
+            self.stop = self.barred = True
+            self.retrace()
         try:
             _WATCHDOG.arm(self)  # last: from here on a strike may land at any check
         except BaseException:
@@ -157,6 +194,10 @@ class _Guard:
         if self.tracing:
             self.tracing = False
             sys.settrace(self.previous)
+        self.barred = False
+        self.swallowers.clear()  # frames kept since the stop: their finalizers run now
+        self.unwinding.clear()
+        self.struck.clear()
         if getattr(_this_thread, "guard", None) is self:
             _this_thread.guard = self.outer
         self.entry = None
@@ -168,25 +209,56 @@ class _Guard:
         # Its tracers close over it: without them it is freed by reference counting.
         self._lines = self._calls = _no_trace
 
-    def in_snippet(self) -> bool:
-        """Whether the owner's thread is running snippet code under this guard."""
-        frame = sys._current_frames().get(self.thread)
-        while frame is not None and frame is not self.entry:
-            if frame.f_code.co_filename.startswith(SNIPPET_PREFIX):
+    def below(self, frame: FrameType) -> bool:
+        """Whether ``frame`` was called, however deeply, from the guarded code, and is not ours."""
+        if frame.f_globals is _OURS:
+            return False
+        caller = frame.f_back
+        while caller is not None:
+            if caller is self.entry:
                 return True
+            caller = caller.f_back
+        return False
+
+    def running_below(self) -> bool:
+        """Whether the owner's thread is running code below the guard (not the guard's own)."""
+        frame = sys._current_frames().get(self.thread)
+        agent = False
+        while frame is not None:
+            if frame is self.entry:
+                return agent
+            agent = agent or frame.f_globals is not _OURS
             frame = frame.f_back
         return False
 
-    def retrace(self) -> None:
-        """Put the tracer back, and on the snippet frames still running."""
-        if not self.tracing or sys.gettrace() is self._calls:
-            return
-        sys.settrace(self._calls)
+    def retrace(self, *, struck: int | None = None, freed: int | None = None) -> None:
+        """Install the tracer on this, the owner's, thread, and on the frames that swallowed.
+
+        Called on the owner's thread only: on entry, or by a ``Preempted`` made there
+        (``struck``: a strike landing) or freed there (``freed``: the frame running swallowed
+        it).
+        """
+        running: list[FrameType] = []
         frame: FrameType | None = sys._getframe(1)
-        while frame is not None:
-            if frame.f_code.co_filename.startswith(SNIPPET_PREFIX):
-                frame.f_trace = self._lines
+        while frame is not None and frame is not self.entry:
+            if frame.f_globals is not _OURS:
+                running.append(frame)
             frame = frame.f_back
+        if frame is None:
+            return  # not below the guard: its code has ended, nothing to stop
+        if freed is not None:
+            self.struck.discard(freed)
+            self.swallowers.update(running[:1])
+        if struck is not None:
+            if self.struck:  # an earlier strike's stop is still kept: nothing here may go on
+                self.swallowers.update(running)
+            self.struck.add(struck)
+        if sys.gettrace() is not self._calls:
+            self.tracing = True
+            sys.settrace(self._calls)
+        for frame in running:
+            if frame in self.swallowers:
+                frame.f_trace = self._lines
 
 
 class _Watchdog:
@@ -236,9 +308,9 @@ class _Watchdog:
                         continue
                     if not guard_.live:
                         continue
-                    # The first strike always; later ones only into snippet code, never into
-                    # the code leaving the guard.
-                    if not guard_.stop or guard_.in_snippet():
+                    # The first strike always; later ones only into code below the guard,
+                    # never into the code leaving it.
+                    if not guard_.stop or guard_.running_below():
                         guard_.stop = True
                         _strike(guard_.thread, Preempted)
                     guard_.queued = True
