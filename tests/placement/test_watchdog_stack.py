@@ -9,9 +9,11 @@ daemon thread; ``released`` is the test's own way out, set only once the verdict
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
+import types
 from typing import Any
 
 import pytest
@@ -286,3 +288,46 @@ def test_before_the_deadline_agent_code_runs_untraced() -> None:
         raise KeyError("x")
     assert value == 1
     assert seen == {"snippet": None, "application": None}
+
+
+def test_a_stop_landing_in_a_gc_callback_is_not_reported_and_still_stops() -> None:
+    # A strike lands wherever the owner's thread checks for pending work, and that can be Python
+    # code CPython runs on the side (a ``gc.callbacks`` entry, as hypothesis registers, a
+    # ``__del__``, a weakref callback), where an exception cannot propagate: CPython reports it
+    # to ``sys.unraisablehook`` ("Exception ignored in ...") and goes on. That report is our
+    # own stop, not an error of the application's: it must not reach the hook, and the code
+    # below the guard must still be stopped by a later strike.
+    reported: list[object] = []
+    previous = sys.unraisablehook
+    armed = threading.Event()
+    owner: list[int] = []
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:  # the application's gc callback
+        if phase == "start" and armed.is_set() and threading.get_ident() in owner:
+            armed.clear()
+            while True:  # long enough for the deadline to pass in here, the first strike lands
+                pass
+
+    def work(released: threading.Event) -> None:  # application code the snippet calls
+        owner.append(threading.get_ident())
+        armed.set()
+        gc.collect()
+
+    sys.unraisablehook = reported.append
+    gc.callbacks.append(on_gc)
+    try:
+        snippet = "caller['work'](released)\nwhile True: pass\n"
+        thread, outcome, released = _recover(snippet, work=work)
+    finally:
+        gc.callbacks.remove(on_gc)
+        hook, sys.unraisablehook = sys.unraisablehook, previous
+    try:
+        assert not thread.is_alive(), "the code after the gc callback still holds the thread"
+    finally:
+        released.set()
+    assert owner and not armed.is_set(), "the gc callback never ran on the owner's thread"
+    assert reported == [], [getattr(r, "exc_value", r) for r in reported]
+    assert _timed_out(outcome["error"]), outcome
+    # What is reported that is not our stop still reaches the application's hook.
+    hook(types.SimpleNamespace(exc_type=ValueError, exc_value=ValueError("app"), object=None))
+    assert [type(r.exc_value) for r in reported] == [ValueError]  # type: ignore[attr-defined]

@@ -23,6 +23,9 @@ timeout, a cancel scope) can fire. While a snippet runs under :func:`guard`:
   the watchdog does, raised at the next call or backward jump. A ``Preempted`` made or freed
   puts the tracer back should something have removed it, and the watchdog strikes again every
   ``RESTRIKE`` seconds while the owner's thread is still running code below the guard;
+* a strike landing in code CPython runs on the side (a gc callback, a finalizer) ends that
+  code only, as nothing can propagate from there; it is kept from ``sys.unraisablehook`` (a
+  wrapper put there by the first strike) and the next strike stops the code below the guard;
 * ``Preempted`` derives from ``BaseException``, so ``except Exception`` lets it through anyway.
 
 A snippet with top-level ``await`` is driven by :func:`stepped`, one guarded step at a time:
@@ -99,9 +102,38 @@ def _retrace(*, struck: int | None = None, freed: int | None = None) -> None:
         current.retrace(struck=struck, freed=freed)
 
 
-_strike = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
+_set_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
     ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
 )
+
+
+def _strike(thread: int, stop: type[Preempted]) -> None:
+    """Raise ``stop`` in ``thread`` at its next check for pending work: the one way we strike.
+
+    That check can come in Python code CPython runs on the side (a ``gc.callbacks`` entry, a
+    ``__del__``, a weakref callback), where an exception ends that code but cannot propagate:
+    CPython hands it to ``sys.unraisablehook`` ("Exception ignored in ...") and goes on. Such a
+    stop is ours, not an error of the application's, so it is kept from the hook; the code
+    below the guard is still stopped, by the next strike.
+    """
+    if not getattr(sys.unraisablehook, "_drops_preempted", False):
+        sys.unraisablehook = _dropping_preempted(sys.unraisablehook)
+    _set_async_exc(thread, stop)
+
+
+def _dropping_preempted(
+    hook: Callable[[sys.UnraisableHookArgs], object],
+) -> Callable[[sys.UnraisableHookArgs], None]:
+    # Installed on the first strike only, never on the happy path; left in place afterwards
+    # (something may have wrapped it since), passing on everything that is not a stop.
+    def drop_preempted(unraisable: sys.UnraisableHookArgs) -> None:
+        if not isinstance(unraisable.exc_value, Preempted):
+            hook(unraisable)
+
+    drop_preempted._drops_preempted = True  # type: ignore[attr-defined]
+    return drop_preempted
+
+
 _this_thread = threading.local()  # .guard: the innermost open guard of this thread
 # The watchdog's own frames (``Preempted`` being made or freed, leaving the guard) are never
 # traced nor counted as agent code: the stop must not stop itself.
