@@ -13,13 +13,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from crashoverride._app import CrashOverride
-from crashoverride._errors import ConfigurationError
+from crashoverride._errors import ConfigurationError, EffectUncertain
 from crashoverride._handler import Handler
 from crashoverride._security.redact import Redaction
 from crashoverride._version import __version__
 
 if TYPE_CHECKING:
     from crashoverride._config.coordination import RedisCoordination
+    from crashoverride._effects.effect import NOT_DONE
     from crashoverride._eval import evaluate
     from crashoverride._observe.ledger import JsonLinesLedger, RedisStreamLedger
     from crashoverride._observe.report import RecoveryReport, SourceChange, Usage
@@ -27,10 +28,12 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "NOT_DONE",
     "ApprovalRequest",
     "Approver",
     "ConfigurationError",
     "CrashOverride",
+    "EffectUncertain",
     "Handler",
     "JsonLinesLedger",
     "RecoveryReport",
@@ -52,6 +55,10 @@ def __getattr__(name: str) -> Any:
         from crashoverride._eval import evaluate
 
         return evaluate
+    if name == "NOT_DONE":  # what a declared effect's probe returns when it did not happen
+        from crashoverride._effects.effect import NOT_DONE
+
+        return NOT_DONE
     if name == "RedisCoordination":  # a description only: it never imports redis
         from crashoverride._config.coordination import RedisCoordination
 

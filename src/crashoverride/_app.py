@@ -204,6 +204,47 @@ class CrashOverride:
             handler._settings = None
             return handler
 
+    def effect(
+        self,
+        func: Callable[..., Any] | None = None,
+        /,
+        *,
+        key: Callable[..., Any] | None = None,
+        probe: Callable[..., Any] | None = None,
+    ) -> Any:
+        """Declare ``func`` a side effect: its calls change the outside world.
+
+        Use as ``@co.effect``, ``@co.effect(key=..., probe=...)`` or ``co.effect(func, ...)``;
+        sync and async functions alike. Within a unit of work (a ``with`` block, a decorated
+        call, a request, a task, a follow-up) every call is journaled. When the unit runs again
+        (a replay, the agent's own code, a Celery retry or redelivery, a client retry with the
+        same ``Idempotency-Key``), a call already done returns its recorded result without
+        running; one begun and never seen to end asks ``probe``, or raises
+        ``crashoverride.EffectUncertain``; one that raised runs again.
+
+        Args:
+            func: The function (or leave it out to get a decorator).
+            key: Names one call, called with its arguments: ``lambda order, amount: order.id``.
+                Default: the function and a digest of its arguments' values. The n-th call with
+                a key in a replay is the n-th call with it in the first run.
+            probe: Asks the outside world whether an interrupted call happened, called with
+                its arguments: returns the call's result if it did, ``crashoverride.NOT_DONE``
+                if it did not (then the call runs).
+
+        Raises:
+            ConfigurationError: ``func``, ``key`` or ``probe`` is not callable, or ``func`` is a
+                generator function.
+        """
+        from crashoverride._effects import journal
+        from crashoverride._effects.effect import Effect, wrap
+
+        def declare(target: Callable[..., Any]) -> Callable[..., Any]:
+            wrapped = wrap(Effect(target, key, probe))
+            journal.declared = True  # from now on entry points open units of work
+            return wrapped
+
+        return declare if func is None else declare(func)
+
     @staticmethod
     async def _run_followup(job: FollowupJob, settings: Settings, runner: str) -> FollowupResult:
         """How a follow-up a recovery asked for runs, once its runner starts it (handed to each

@@ -14,3 +14,22 @@ class ConfigurationError(TypeError, ValueError):
     def __init__(self, argument: str, message: str) -> None:
         super().__init__(f"{argument}: {message}")
         self.argument = argument
+
+
+class EffectUncertain(Exception):
+    """A replay met a declared effect that began earlier and was never seen to end.
+
+    The effect (a charge, a mail) may or may not have happened: the process was killed, or the
+    call was interrupted, before it returned. Without a ``probe`` to ask the outside world,
+    crashoverride will not risk doing it twice: the replay fails with this instead, and the
+    agent (who sees it) reconciles through its tools or gives up.
+    """
+
+    def __init__(self, effect: str, unit: str | None = None) -> None:
+        where = f" in unit {unit!r}" if unit is not None else ""
+        super().__init__(
+            f"the effect {effect!r}{where} began in an earlier attempt and was never seen to end:"
+            " it may have happened; declare a probe= to ask, or reconcile it by hand"
+        )
+        self.effect = effect
+        self.unit = unit

@@ -16,6 +16,7 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from crashoverride._effects import journal as _effects
 from crashoverride._errors import ConfigurationError
 from crashoverride._placement.offloop import load
 from crashoverride._security.notes import note_internal_error, redactor_of
@@ -121,7 +122,13 @@ class Handler:
 
     # -- with / async with -----------------------------------------------------------------
 
+    # Once an effect is declared (``CrashOverride.effect``), each ``with`` is a unit of work
+    # whose effects its recovery's agent code finds in the unit's journal: one context variable
+    # set on the way in and back on the way out. Before that, nothing.
+
     def __enter__(self) -> Handler:
+        if _effects.declared:
+            _effects.opened(self)
         return self
 
     def __exit__(
@@ -131,7 +138,16 @@ class Handler:
         tb: TracebackType | None,
     ) -> bool:
         if exc is None:
+            if _effects.declared:
+                _effects.closed(self)
             return False
+        try:
+            return self._exit(exc, tb)
+        finally:
+            if _effects.declared:
+                _effects.closed(self)
+
+    def _exit(self, exc: BaseException, tb: TracebackType | None) -> bool:
         settings = self.settings
         if not isinstance(exc, settings.catch):
             return False
@@ -146,6 +162,8 @@ class Handler:
         return self._settle(decision, exc)
 
     async def __aenter__(self) -> Handler:
+        if _effects.declared:
+            _effects.opened(self)
         return self
 
     async def __aexit__(
@@ -155,7 +173,16 @@ class Handler:
         tb: TracebackType | None,
     ) -> bool:
         if exc is None:
+            if _effects.declared:
+                _effects.closed(self)
             return False
+        try:
+            return await self._aexit(exc, tb)
+        finally:
+            if _effects.declared:
+                _effects.closed(self)
+
+    async def _aexit(self, exc: BaseException, tb: TracebackType | None) -> bool:
         settings = self.settings
         if not isinstance(exc, settings.catch):
             return False
@@ -227,6 +254,9 @@ class Handler:
 
         @functools.wraps(func)
         def protected(*args: Any, **kwargs: Any) -> Any:
+            unit = _effects.declared  # each call is a unit of work (see ``__enter__``)
+            if unit:
+                _effects.opened(handler)
             try:
                 return func(*args, **kwargs)
             except Exception as exc:
@@ -238,6 +268,9 @@ class Handler:
                     raise
                 assert decision is not None
                 return decision.value
+            finally:
+                if unit:
+                    _effects.closed(handler)
 
         return protected
 
@@ -246,6 +279,9 @@ class Handler:
 
         @functools.wraps(func)
         async def protected(*args: Any, **kwargs: Any) -> Any:
+            unit = _effects.declared  # each call is a unit of work (see ``__enter__``)
+            if unit:
+                _effects.opened(handler)
             try:
                 return await func(*args, **kwargs)
             except Exception as exc:
@@ -257,6 +293,9 @@ class Handler:
                     raise
                 assert decision is not None
                 return decision.value
+            finally:
+                if unit:
+                    _effects.closed(handler)
 
         return protected
 

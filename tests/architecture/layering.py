@@ -15,6 +15,7 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
     ("_security",),  # secrets, redaction, fences, the verdict, the gate, the audit records
     ("_config",),  # settings and their validation; the fleet's configuration
     ("_observe",),  # events, the report, transcript, ledger, OpenTelemetry, Sentry
+    ("_effects",),  # declared side effects, units of work and their journals
     ("_diagnose",),  # read-only evaluation: forked snapshot, static reader, confinement
     ("_repair",),  # live patching, persistence, recipes, the change journal
     ("_agent",),  # one Agents SDK run: tools, namespace, prompt, clients

@@ -19,6 +19,7 @@ from crashoverride._core.block import Block
 from crashoverride._core.followup import FollowupRecord
 from crashoverride._core.record import Record
 from crashoverride._core.recovery import Decision, Recovery
+from crashoverride._effects.journal import Unit
 from crashoverride._followups.job import FollowupResult
 from crashoverride._placement import bridge
 from crashoverride._placement.deadline import Deadline
@@ -123,6 +124,7 @@ def test_the_record_protocol_names_what_the_pipeline_uses() -> None:
         "deadline": Deadline,
         "state": RunState,
         "block": Block | None,
+        "unit": Unit,
         "running": bool,
     }
     assert sorted(methods) == ["concluded", "prepare", "started", "timed_out"]

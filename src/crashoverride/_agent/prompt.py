@@ -293,6 +293,7 @@ def build_input(
     block_brief: str,
     location: str,
     fence: Fence,
+    effects: str = "",
 ) -> str:
     # The brief is rendered already, its values fenced by this same fence (``Brief.render``).
     # Everything else carries text the failure brought with it; the location too: a code
@@ -305,7 +306,14 @@ def build_input(
         f"Where:\n{fence(location, 'location')}\n\n"
         "Local variables of the protected frame (shortened; inspect them for more):\n"
         f"{fence(locals_summary, 'local variables')}\n\n"
-        f"{block_brief}"
+        + (
+            "Declared side effects this unit of work already made (`effects()`; calling one "
+            "again returns its recorded result, it is not done twice):\n"
+            f"{fence(effects, 'effects')}\n\n"
+            if effects
+            else ""
+        )
+        + f"{block_brief}"
     ).rstrip()
 
 

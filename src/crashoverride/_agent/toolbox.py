@@ -235,6 +235,11 @@ HELPERS: Final = (
            'the failed block\'s local variables by name, `caller["name"]`; in repair mode '
            '`caller["name"] = value` sets one for the code after the block.', BOTH),
     Helper("error", None, "the exception the block raised.", BOTH),
+    Helper("effects", (),
+           "the declared side effects (charges, mails, calls to partners) this unit of work "
+           "already made, as dicts (`effect`, `state`: done, failed or started, `result`). "
+           "Calling one of them again, from your code or a replay, returns its recorded "
+           "result without doing it twice."),
     Helper("show_source", ("obj",),
            "the source a live object runs now, also after a patch.", BOTH),
     Helper("replace_function", ("func", "new_func_or_source"),
@@ -250,9 +255,11 @@ HELPERS: Final = (
            "ends the call: it returns `value` to its caller.", when="returns"),
     Helper("rerun", (),
            "after you repaired the code, has the call made once more with the same "
-           "arguments when you finish. The whole call runs again: anything it did before it "
-           "failed (a charge, a message, a write) is done again, so if it did such a thing, "
-           "finish the remaining work yourself and use set_result instead.", when="returns"),
+           "arguments when you finish. The whole call runs again: its declared effects "
+           "(`effects()`) already done return their recorded result, but anything else it did "
+           "before it failed (a charge, a message, a write not declared) is done again, so if "
+           "it did such a thing, finish the remaining work yourself and use set_result "
+           "instead.", when="returns"),
     Helper("persist_function", ("func", "new_source=None"),
            "persists what `func` runs now (or `new_source`) over its definition in its "
            "source file.", when="persist"),

@@ -8,6 +8,6 @@ point protects), ``seen`` (the mark of an exception already dealt with), ``defer
 source editor and follow-ups, loaded at first use), ``followup`` (one follow-up through the
 same pipeline).
 
-May import: ``_placement``, ``_security``, ``_config``, ``_observe``, ``_diagnose``,
+May import: ``_placement``, ``_security``, ``_config``, ``_observe``, ``_effects``, ``_diagnose``,
 ``_repair``, ``_agent``, ``_admission``, ``_followups``.
 """

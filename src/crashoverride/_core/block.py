@@ -13,6 +13,7 @@ from types import FrameType, MappingProxyType
 from typing import Any
 
 from crashoverride._agent.state import NO_RESULT, RunState
+from crashoverride._effects.journal import Unit, current_unit
 from crashoverride._security.brief import NO_BRIEF, Brief
 from crashoverride._security.verdict import judge
 
@@ -53,11 +54,14 @@ class Block:
         repair_only: This occurrence cannot be recovered (e.g. a response that had started),
             only the code for later ones: when the check holds the outcome is ``"repaired"``
             (event ``recovery.repaired``) and the exception is still re-raised.
+        unit: The unit of work whose declared effects the recovery's replays and agent code
+            find in its journal (``_effects``). Default: the one open in this context when the
+            block is described, which is the failed code's (a handler, a request, a task).
     """
 
     __slots__ = (
         "bindings", "brief", "caller", "check", "fields", "frame", "globals", "kind",
-        "repair_only", "replay", "returns", "secrets", "why_cancelled",
+        "repair_only", "replay", "returns", "secrets", "unit", "why_cancelled",
     )  # fmt: skip
 
     def __init__(
@@ -76,6 +80,7 @@ class Block:
         secrets: tuple[str, ...] = (),
         why_cancelled: Callable[[], str | None] | None = None,
         repair_only: bool = False,
+        unit: Unit | None = None,
     ) -> None:
         if not isinstance(brief, Brief):
             raise TypeError(f"a block's brief is a Brief, got {type(brief).__name__}")
@@ -92,6 +97,7 @@ class Block:
         self.secrets = secrets
         self.why_cancelled = why_cancelled
         self.repair_only = repair_only
+        self.unit = unit if unit is not None else current_unit()
 
     def release(self) -> None:
         """Drop every reference into the failed code (frames, bound methods, arguments).
@@ -106,6 +112,7 @@ class Block:
         self.replay = None
         self.why_cancelled = None
         self.globals = {}
+        self.unit = None
 
 
 # ------------------------------------------------------------------------------ with blocks

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from crashoverride._agent.state import AgentRun, RunState
 from crashoverride._core.block import Block
+from crashoverride._effects.journal import Unit
 from crashoverride._followups.job import FollowupJob, FollowupResult, render_report
 from crashoverride._followups.session import job_fields
 from crashoverride._observe import events
@@ -44,6 +45,7 @@ class FollowupRecord:
         except Refused as why:
             self.settings, self.refused = settings, str(why)
         self.deadline = Deadline(job.timeout)
+        self.unit = Unit()  # a follow-up is a unit of work of its own
         self.id: str = job.id
         self.state = RunState()
         # The application's redaction policy covers follow-ups too.

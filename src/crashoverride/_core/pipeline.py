@@ -29,6 +29,7 @@ from crashoverride._agent.namespace import AgentInterrupted
 from crashoverride._core.block import Check
 from crashoverride._core.record import Record
 from crashoverride._core.recovery import Decision, Recovery, internal_failure
+from crashoverride._effects import journal as effects
 from crashoverride._observe import events
 from crashoverride._placement import bridge
 from crashoverride._placement.bridge import Dispatch, Job, Placement
@@ -63,8 +64,13 @@ class Coordinated(Protocol[C]):
         ...
 
 
-def inside(recovery_id: str, job: Job, *, agent_code: bool = False) -> Job:
+def inside(recovery_id: str, job: Job, unit: effects.Unit, *, agent_code: bool = False) -> Job:
     """``job`` marked as part of recovery ``recovery_id`` while it runs (its awaitable too).
+
+    It runs as a new attempt of the recovery's unit of work: a declared effect it calls that an
+    earlier attempt (the failed run, earlier agent code) already did is found in the unit's
+    journal, not done again (``_effects``). Every job passes here: agent code, replays, the
+    re-run after repair, recipes, the check.
 
     For ``agent_code``, a ``KeyboardInterrupt`` it raises ends the run as ``AgentInterrupted``
     and is re-raised by the entry point once the recovery has cleaned up: raised inside an
@@ -73,21 +79,26 @@ def inside(recovery_id: str, job: Job, *, agent_code: bool = False) -> Job:
     """
 
     def marked() -> object:
-        with _marked(recovery_id, agent_code):
+        with _marked(recovery_id, unit, agent_code):
             value = job()
-        return _marked_async(recovery_id, value, agent_code) if isawaitable(value) else value
+        if isawaitable(value):
+            return _marked_async(recovery_id, unit, value, agent_code)
+        return value
 
     return marked
 
 
-async def _marked_async(recovery_id: str, awaitable: Awaitable[T], agent_code: bool) -> T:
-    with _marked(recovery_id, agent_code):
+async def _marked_async(
+    recovery_id: str, unit: effects.Unit, awaitable: Awaitable[T], agent_code: bool
+) -> T:
+    with _marked(recovery_id, unit, agent_code):
         return await awaitable
 
 
 @contextlib.contextmanager
-def _marked(recovery_id: str, agent_code: bool) -> Iterator[None]:
+def _marked(recovery_id: str, unit: effects.Unit, agent_code: bool) -> Iterator[None]:
     token = INSIDE.set(recovery_id)
+    attempt = effects.begin(unit, consults=True)
     try:
         yield
     except KeyboardInterrupt as interrupt:
@@ -95,6 +106,7 @@ def _marked(recovery_id: str, agent_code: bool) -> Iterator[None]:
             raise
         raise AgentInterrupted(interrupt) from None
     finally:
+        effects.end(attempt)
         INSIDE.reset(token)
 
 
@@ -106,12 +118,13 @@ async def run(rec: Record[C], place: Placement, coordinated: Coordinated[C] | No
     a recovery's) a follow-up does not take part in.
     """
     deadline = rec.deadline
+    unit = rec.unit  # every job is an attempt of it (see ``inside``)
 
     def call(job: Job) -> Awaitable[object]:
-        return place.call(inside(rec.id, job))
+        return place.call(inside(rec.id, job, unit))
 
     with anyio.CancelScope(deadline=deadline.backend_deadline()) as scope:
-        conclusion = await _steps(rec, place, call, coordinated)
+        conclusion = await _steps(rec, place, call, unit, coordinated)
     if scope.cancelled_caught:
         what = "" if rec.running else "waiting for a concurrent recovery or a free slot"
         conclusion = rec.timed_out(what)
@@ -121,7 +134,11 @@ async def run(rec: Record[C], place: Placement, coordinated: Coordinated[C] | No
 
 
 async def _steps(
-    rec: Record[C], place: Placement, call: Dispatch, coordinated: Coordinated[C] | None
+    rec: Record[C],
+    place: Placement,
+    call: Dispatch,
+    unit: effects.Unit,
+    coordinated: Coordinated[C] | None,
 ) -> C:
     # 1. admit: the credentials were asked by the caller (``_core.entry.admit``), before any of
     # this was imported; what remains of admission is the coordination's.
@@ -140,7 +157,7 @@ async def _steps(
     check = rec.block.check if rec.block is not None else None
 
     def agent_call(job_: Job) -> Awaitable[object]:
-        return place.call(inside(rec.id, job_, agent_code=True))
+        return place.call(inside(rec.id, job_, unit, agent_code=True))
 
     # 4b. an earlier recovery's state repair (its recipe), before any model call
     if coordinated is not None:

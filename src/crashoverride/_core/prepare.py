@@ -6,6 +6,7 @@ follow-up runner in effect there is the one follow-ups go to.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,31 @@ from crashoverride._security.text import summarize_locals
 
 if TYPE_CHECKING:
     from crashoverride._core.recovery import Recovery
+    from crashoverride._effects.journal import Unit
+
+_EFFECTS_SHOWN = 50  # the unit's latest effect calls the brief lists; effects() has them all
+_RESULT_SHOWN = 200  # characters of each one's result or error
+
+
+def _effects_of(unit: Unit | None) -> list[dict[str, Any]]:
+    return [] if unit is None else [entry.view() for entry in unit.journal.entries()]
+
+
+def _effects_text(unit: Unit | None) -> str:
+    """The unit's effect calls so far, a line each: ``charge order 17 -> 'ch_3Qx' (done)``."""
+    lines = []
+    for view in _effects_of(unit)[-_EFFECTS_SHOWN:]:
+        outcome = view.get("result", view.get("error", ""))
+        shown = repr(outcome) if "result" in view else str(outcome)
+        if len(shown) > _RESULT_SHOWN:
+            shown = shown[: _RESULT_SHOWN - 3] + "..."
+        state = view["state"]
+        if state == "started":
+            state = "started, never seen to end: it may or may not have happened"
+        lines.append(
+            f"{view['effect']} -> {shown} ({state})" if shown else f"{view['effect']} ({state})"
+        )
+    return "\n".join(lines)
 
 
 # Stands for the fence id while the instructions are redacted: no secret pattern or user text
@@ -49,6 +75,7 @@ def prepare(rec: Recovery) -> AgentJob:
         "persist_function": rec.editor.persist_function,
         "persist_file_edit": rec.editor.persist_file_edit,
         "error": exc,
+        "effects": functools.partial(_effects_of, rec.unit),
         "give_up": state.give_up,
         "raise_instead": state.raise_instead,
         "spawn_followup": rec.followups.spawn,
@@ -89,6 +116,7 @@ def prepare(rec: Recovery) -> AgentJob:
             locals_summary=summarize_locals(shown, is_secret=redact.is_secret),
             block_brief=block.brief.render(fence, redact),  # its values fenced, each redacted
             location=location,
+            effects=_effects_text(rec.unit),
         )
     )
     return AgentJob(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from crashoverride._effects.journal import Unit
+
 if TYPE_CHECKING:
     from crashoverride._agent.run import AgentJob
     from crashoverride._agent.state import AgentRun, RunState
@@ -28,6 +30,7 @@ class Record(Protocol[Conclusion]):
     deadline: Deadline  # the one budget of every step
     state: RunState  # what the agent decided
     block: Block | None  # None once released
+    unit: Unit  # the unit of work whose journal its jobs consult (``_effects``)
     running: bool  # an agent run started
 
     def prepare(self) -> AgentJob:

@@ -18,6 +18,7 @@ from crashoverride._admission.limits import Flight, Limits
 from crashoverride._agent.state import NO_RESULT, AgentRun, RunState
 from crashoverride._config.settings import Settings
 from crashoverride._core.block import Block
+from crashoverride._effects.journal import Unit
 from crashoverride._observe import events, observers
 from crashoverride._observe.report import RecoveryReport, Usage
 from crashoverride._placement.deadline import Deadline
@@ -99,6 +100,8 @@ class Recovery:
         self.limits = limits
         self.exc: BaseException | None = exc
         self.block: Block | None = block
+        # The unit of work the failed code ran in; the recovery's own when it ran in none.
+        self.unit = block.unit if block.unit is not None else Unit()
         self.deadline = Deadline(settings.timeout)
         self.id = "rec_" + os.urandom(6).hex()
         self.fingerprint = fingerprint(exc)

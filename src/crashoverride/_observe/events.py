@@ -52,6 +52,17 @@ RECIPE_WITHHELD: Final = fixed("fleet.recipe_withheld")
 # A code fix whose new source holds a secret: it runs here, and is never published.
 FIX_WITHHELD: Final = fixed("fleet.fix_withheld")
 
+# Declared effects (``CrashOverride.effect``) met again by a replay or by agent code: returned
+# from the journal without running, confirmed by the probe, or refused as uncertain.
+EFFECT_REPLAYED: Final = fixed("effect.replayed")
+EFFECT_PROBED: Final = fixed("effect.probed")
+EFFECT_UNCERTAIN: Final = fixed("effect.uncertain")
+EFFECTS: Final = {
+    "replayed": EFFECT_REPLAYED,
+    "probed": EFFECT_PROBED,
+    "uncertain": EFFECT_UNCERTAIN,
+}
+
 FOLLOWUP_SUBMITTED: Final = fixed("followup.submitted")
 FOLLOWUP_STARTED: Final = fixed("followup.started")
 FOLLOWUP_TOOL_CALLED: Final = fixed("followup.tool_called")

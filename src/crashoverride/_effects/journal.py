@@ -1,0 +1,234 @@
+"""Units of work, their attempts and the journal of their declared effects.
+
+A unit of work is what an entry point protects and may run again: a request, a task call, a
+decorated call, a ``with`` block, a follow-up. Its first run is one attempt; every later run of
+any of its code is another: a replay (``rerun()``, ``replay_request()``, a single-flight
+waiter's, a recipe's), each piece of agent code the recovery runs, a Celery retry or
+redelivery of the same task id, a client retry with the same ``Idempotency-Key``.
+
+An effect call is identified within its attempt by its key and how many calls with that key
+came before it in the attempt (``n``): the n-th call of "charge order 17" in a replay is the
+n-th call of it in the first run. An attempt that *consults* the journal finds that entry and,
+when it finished, returns its result instead of running the effect again.
+
+The first attempt of a unit that cannot have a history (a fresh in-process unit) only records,
+and records lazily: the call's arguments are kept and its key is computed when a later attempt
+first needs it, so an effect costs an object and a list append on the happy path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from contextvars import ContextVar
+from typing import Any, Final, Protocol
+
+STARTED: Final = "started"  # begun and never seen to end: interrupted, or the process died
+DONE: Final = "done"
+FAILED: Final = "failed"  # raised an Exception: taken as not done, so it runs again
+
+
+class Keyed(Protocol):
+    """What the journal needs of an effect to key one of its calls (``effect.Effect``)."""
+
+    def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str: ...
+
+    def label_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str: ...
+
+
+class Entry:
+    """One effect call of a unit: what was called, and how it ended."""
+
+    __slots__ = ("args", "at", "effect", "error", "key", "kwargs", "label", "n", "result", "state")
+
+    def __init__(self, effect: Keyed, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.effect: Keyed | None = effect
+        self.args: tuple[Any, ...] | None = args
+        self.kwargs: dict[str, Any] | None = kwargs
+        self.key = ""  # set when first needed (``Journal.keyed``)
+        self.label = ""
+        self.n = 0
+        self.state = STARTED
+        self.result: Any = None
+        self.error = ""
+        self.at = time.time()
+
+    def finish(self, result: Any) -> None:
+        self.state, self.result = DONE, result
+
+    def fail(self, error: BaseException) -> None:
+        self.state, self.error = FAILED, f"{type(error).__name__}: {error}"
+
+    def view(self) -> dict[str, Any]:
+        """What the agent's ``effects()`` helper and the brief show (the caller redacts)."""
+        shown: dict[str, Any] = {"effect": self.label, "key": self.key, "state": self.state}
+        if self.state == DONE:
+            shown["result"] = self.result
+        elif self.state == FAILED:
+            shown["error"] = self.error
+        return shown
+
+
+class Journal:
+    """The journal of one unit, in this process. A store for units with an id outside the
+    process (a task id, an idempotency key) hands the same journal to every attempt; other
+    stores (Redis) subclass it and write through."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # an attempt's code may run effects in threads
+        self._unkeyed: list[Entry] = []  # the first attempt's calls, keyed when needed
+        self._first: dict[str, int] = {}  # calls per key in that first attempt
+        self._entries: dict[tuple[str, int], Entry] = {}
+        self._order: list[Entry] = []
+
+    def recorded(self, entry: Entry) -> None:
+        """The first attempt's call, not keyed yet (the happy path: no key is computed)."""
+        self._unkeyed.append(entry)
+
+    def keyed(self) -> None:
+        with self._lock:
+            pending, self._unkeyed = self._unkeyed, []
+            for entry in pending:
+                effect, args, kwargs = entry.effect, entry.args, entry.kwargs
+                assert effect is not None and args is not None and kwargs is not None
+                entry.key = effect.key_of(args, kwargs)
+                entry.label = effect.label_of(args, kwargs)
+                entry.n = self._first.get(entry.key, 0)
+                self._first[entry.key] = entry.n + 1
+                entry.effect = entry.args = entry.kwargs = None  # hold no argument longer
+                self._entries[(entry.key, entry.n)] = entry
+                self._order.append(entry)
+
+    def find(self, key: str, n: int) -> Entry | None:
+        self.keyed()
+        return self._entries.get((key, n))
+
+    def begin(self, entry: Entry) -> None:
+        """A keyed call of a consulting attempt begins (its entry is new)."""
+        with self._lock:
+            self._entries[(entry.key, entry.n)] = entry
+            self._order.append(entry)
+
+    def ended(self, entry: Entry) -> None:
+        """``entry`` finished or failed (in place here; a store writing through says so)."""
+
+    def entries(self) -> list[Entry]:
+        self.keyed()
+        with self._lock:
+            return list(self._order)
+
+    def __bool__(self) -> bool:
+        return bool(self._unkeyed or self._order)
+
+
+class Store(Protocol):
+    """Where the journals of units with an outside id live (``MemoryStore``, Redis)."""
+
+    def journal(self, unit_id: str) -> Journal: ...
+
+
+class MemoryStore:
+    """This process's journals by unit id, the most recent ``size`` units, each kept ``ttl``
+    seconds: enough for a retry or a replay, bounded for a server that runs for months."""
+
+    def __init__(self, size: int = 10_000, ttl: float = 3600.0) -> None:
+        self._size, self._ttl = size, ttl
+        self._lock = threading.Lock()
+        self._journals: OrderedDict[str, tuple[float, Journal]] = OrderedDict()
+
+    def journal(self, unit_id: str) -> Journal:
+        now = time.monotonic()
+        with self._lock:
+            kept = self._journals.pop(unit_id, None)
+            journal = kept[1] if kept is not None and kept[0] > now else Journal()
+            self._journals[unit_id] = (now + self._ttl, journal)
+            while len(self._journals) > self._size:
+                self._journals.popitem(last=False)
+            return journal
+
+
+class Unit:
+    """A unit of work: its id (None: known to this process only) and its journal."""
+
+    __slots__ = ("id", "journal")
+
+    def __init__(self, unit_id: str | None = None, journal: Journal | None = None) -> None:
+        self.id = unit_id
+        self.journal = Journal() if journal is None else journal
+
+
+class Attempt:
+    """One run of a unit's code in this context; ``consults``: finds what earlier attempts did.
+
+    A handler's attempt makes its unit only when something needs it (an effect call, a
+    failure): a ``with`` block that calls no effect and does not fail allocates one object.
+    """
+
+    __slots__ = ("_unit", "consults", "counts", "opener", "parent")
+
+    def __init__(
+        self,
+        unit: Unit | None,
+        consults: bool,
+        parent: Attempt | None = None,
+        opener: object = None,
+    ) -> None:
+        self._unit = unit
+        self.consults = consults
+        self.counts: dict[str, int] | None = None
+        self.parent = parent
+        self.opener = opener  # the handler whose ``with`` opened it, to close it on exit
+
+    @property
+    def unit(self) -> Unit:
+        unit = self._unit
+        if unit is None:
+            unit = self._unit = Unit()
+        return unit
+
+    def next(self, key: str) -> int:
+        counts = self.counts
+        if counts is None:
+            counts = self.counts = {}
+        n = counts.get(key, 0)
+        counts[key] = n + 1
+        return n
+
+
+CURRENT: ContextVar[Attempt | None] = ContextVar("crashoverride_attempt", default=None)
+
+# Whether any effect was ever declared in this process: until one is, entry points open no
+# unit at all (the happy path of an application without effects is unchanged).
+declared = False
+
+
+def current_unit() -> Unit | None:
+    attempt = CURRENT.get()
+    return None if attempt is None else attempt.unit
+
+
+def begin(unit: Unit, *, consults: bool) -> Attempt:
+    """Run the following code of this context as an attempt of ``unit``; ``end`` it after."""
+    attempt = Attempt(unit, consults, CURRENT.get())
+    CURRENT.set(attempt)
+    return attempt
+
+
+def opened(opener: object) -> None:
+    """A handler's ``with`` begins: a new unit, its first attempt (nothing to consult)."""
+    CURRENT.set(Attempt(None, False, CURRENT.get(), opener))
+
+
+def closed(opener: object) -> None:
+    """That ``with`` ends (after its recovery, if any): back to what ran before it."""
+    attempt = CURRENT.get()
+    if attempt is not None and attempt.opener is opener:
+        CURRENT.set(attempt.parent)
+
+
+def end(attempt: Attempt) -> None:
+    """Back to what ran before ``attempt``, unless something else took over since (a
+    generator's ``with`` left open, say): then that stays."""
+    if CURRENT.get() is attempt:
+        CURRENT.set(attempt.parent)
