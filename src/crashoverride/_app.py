@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from crashoverride._admission.limits import Limits
     from crashoverride._config.coordination import RedisCoordination
     from crashoverride._config.settings import Settings
+    from crashoverride._effects.journal import Journal, Store
     from crashoverride._followups.job import FollowupJob, FollowupResult
     from crashoverride._observe.report import RecoveryReport
     from crashoverride._security.audit import Approver
@@ -85,7 +86,7 @@ class CrashOverride:
         ConfigurationError: An argument is invalid; the error names it.
     """
 
-    __slots__ = ("_limits_lock", "_limits_state", "_mark", "_settings")
+    __slots__ = ("_effects_store", "_limits_lock", "_limits_state", "_mark", "_settings")
 
     # The arguments of __init__ and handler mirror the settings table in ``_config.settings``
     # (names, order, defaults, annotations), spelled out so type checkers, IDEs and help() see
@@ -130,6 +131,7 @@ class CrashOverride:
         self._settings = Settings.for_app(**arguments)
         self._limits_lock = _thread.allocate_lock()
         self._limits_state: Limits | None = None
+        self._effects_store: Store | None = None
         self._mark = _new_mark()
 
     def __reduce__(self) -> tuple[Callable[[Settings], CrashOverride], tuple[Settings]]:
@@ -245,6 +247,19 @@ class CrashOverride:
 
         return declare if func is None else declare(func)
 
+    def _journal(self, unit_id: str) -> Journal:
+        """The journal of the unit of work ``unit_id`` (a task id, an idempotency key), from
+        where this application keeps them: this process (bounded: ``MemoryStore``)."""
+        store = self._effects_store
+        if store is None:
+            with self._limits_lock:
+                store = self._effects_store
+                if store is None:
+                    from crashoverride._effects.journal import MemoryStore
+
+                    store = self._effects_store = MemoryStore()
+        return store.journal(unit_id)
+
     @staticmethod
     async def _run_followup(job: FollowupJob, settings: Settings, runner: str) -> FollowupResult:
         """How a follow-up a recovery asked for runs, once its runner starts it (handed to each
@@ -307,5 +322,6 @@ def _restored(settings: Settings) -> CrashOverride:
     co._settings = settings
     co._limits_lock = _thread.allocate_lock()
     co._limits_state = None
+    co._effects_store = None
     co._mark = _new_mark()
     return co

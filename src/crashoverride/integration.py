@@ -34,7 +34,8 @@ and the caller re-raises the user's exception. The recovery algorithm itself liv
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from crashoverride._config.settings import UNSET
@@ -42,6 +43,7 @@ from crashoverride._core.block import Block, call_block, result_view
 from crashoverride._core.recovery import Decision as Outcome
 from crashoverride._core.recovery import fingerprint
 from crashoverride._core.recovery import internal_failure as _internal_failure
+from crashoverride._effects import journal as _effects
 from crashoverride._handler import Handler
 from crashoverride._observe.events import CANCELLED as RECOVERY_CANCELLED
 from crashoverride._observe.events import FAILED as RECOVERY_FAILED
@@ -90,7 +92,31 @@ __all__ = [
     "result_view",
     "settle",
     "skip",
+    "unit_of_work",
 ]
+
+
+@contextlib.contextmanager
+def unit_of_work(handler: Handler, unit_id: str | None = None) -> Iterator[None]:
+    """Run the body as one unit of work: the calls of declared effects
+    (``CrashOverride.effect``) it makes are journaled, and a recovery of a failure in it
+    (its replays, its agent code) finds them instead of doing them again.
+
+    ``unit_id`` names the unit beyond this run (a task id, an idempotency key): a later run with
+    the same id (a retry, a redelivery) finds what this one did, and does not do it again.
+    Opens nothing until some effect is declared in the process.
+    """
+    if not _effects.declared:
+        yield
+        return
+    if unit_id is None:
+        _effects.opened(handler)
+    else:
+        _effects.opened_as(handler, unit_id, handler._app._journal(unit_id))
+    try:
+        yield
+    finally:
+        _effects.closed(handler)
 
 
 def catches(handler: Handler, exc: BaseException) -> bool:

@@ -221,3 +221,21 @@ def test_bad_declarations_fail_at_once() -> None:
 def test_effect_uncertain_is_public_and_says_what_to_do() -> None:
     error = EffectUncertain("charge order 1", "task-9")
     assert "probe=" in str(error) and error.effect == "charge order 1" and error.unit == "task-9"
+
+
+def test_a_unit_of_work_with_an_id_is_found_again_by_its_next_run() -> None:
+    # What an integration does for a task id or an idempotency key: the second run of unit
+    # "order-8" (a retry) gets the charge the first run made; another id charges anew.
+    from crashoverride import integration
+
+    co = CrashOverride()
+    charges, charge = _shop(co)
+    handler = co.handler()
+    receipts = []
+    for unit_id in ("order-8", "order-8", "order-9"):
+        with integration.unit_of_work(handler, unit_id):
+            receipts.append(charge(8, 100))
+    assert receipts == ["ch_8_1", "ch_8_1", "ch_8_2"]
+    assert charges == [8, 8]
+    with integration.unit_of_work(handler):  # no id: a unit of this run only
+        assert charge(8, 100) == "ch_8_3"

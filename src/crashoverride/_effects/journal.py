@@ -220,6 +220,12 @@ def opened(opener: object) -> None:
     CURRENT.set(Attempt(None, False, CURRENT.get(), opener))
 
 
+def opened_as(opener: object, unit_id: str, journal: Journal) -> None:
+    """A unit of work with an id outside this run begins (a task id, an idempotency key):
+    ``journal`` holds what earlier runs with that id did, so this run consults it."""
+    CURRENT.set(Attempt(Unit(unit_id, journal), True, CURRENT.get(), opener))
+
+
 def closed(opener: object) -> None:
     """That ``with`` ends (after its recovery, if any): back to what ran before it."""
     attempt = CURRENT.get()
