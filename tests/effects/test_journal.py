@@ -239,3 +239,21 @@ def test_a_unit_of_work_with_an_id_is_found_again_by_its_next_run() -> None:
     assert charges == [8, 8]
     with integration.unit_of_work(handler):  # no id: a unit of this run only
         assert charge(8, 100) == "ch_8_3"
+
+
+def test_a_key_that_fails_later_does_not_break_the_recovery() -> None:
+    # key= runs only when the journal is first consulted (never on the happy path): one that
+    # raises then leaves its entry unmatched and the recovery goes on.
+    co = CrashOverride(model=script(exec_python("caller['seen'] = effects()"), done()))
+    calls: list[int] = []
+
+    @co.effect(key=lambda order: 1 / order)
+    def charge(order: int) -> None:
+        calls.append(order)
+
+    seen: Any = None
+    with co.handler():
+        charge(0)
+        raise KeyError("shipping")
+    assert calls == [0]
+    assert seen[0]["effect"] == "(an effect whose key= raised ZeroDivisionError)"

@@ -17,7 +17,7 @@ from crashoverride._core.deferred import Editor, Followups
 from crashoverride._diagnose.source import show_source
 from crashoverride._placement.frames import CallerLocals
 from crashoverride._repair.patching import rebind_everywhere, replace_function
-from crashoverride._security.text import summarize_locals
+from crashoverride._security.text import safe_repr, summarize_locals
 
 if TYPE_CHECKING:
     from crashoverride._core.recovery import Recovery
@@ -36,7 +36,7 @@ def _effects_text(unit: Unit | None) -> str:
     lines = []
     for view in _effects_of(unit)[-_EFFECTS_SHOWN:]:
         outcome = view.get("result", view.get("error", ""))
-        shown = repr(outcome) if "result" in view else str(outcome)
+        shown = safe_repr(outcome) if "result" in view else str(outcome)
         if len(shown) > _RESULT_SHOWN:
             shown = shown[: _RESULT_SHOWN - 3] + "..."
         state = view["state"]

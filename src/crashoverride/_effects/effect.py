@@ -78,7 +78,11 @@ class Effect:
     def label_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         if self.key is not None:
             return str(self.key(*args, **kwargs))
-        shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+        from crashoverride._security.text import safe_repr  # never on the happy path
+
+        shown = ", ".join(
+            [*map(safe_repr, args), *(f"{k}={safe_repr(v)}" for k, v in kwargs.items())]
+        )
         if len(shown) > _LABEL:
             shown = shown[: _LABEL - 3] + "..."
         return f"{self.name}({shown})"

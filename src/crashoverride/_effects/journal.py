@@ -92,8 +92,13 @@ class Journal:
             for entry in pending:
                 effect, args, kwargs = entry.effect, entry.args, entry.kwargs
                 assert effect is not None and args is not None and kwargs is not None
-                entry.key = effect.key_of(args, kwargs)
-                entry.label = effect.label_of(args, kwargs)
+                try:
+                    entry.key = effect.key_of(args, kwargs)
+                    entry.label = effect.label_of(args, kwargs)
+                except Exception as error:  # the application's key= failed on these arguments
+                    # A key no call can have: the entry is listed, never matched.
+                    entry.key = f"\x00unkeyed {id(entry)}"
+                    entry.label = f"(an effect whose key= raised {type(error).__name__})"
                 entry.n = self._first.get(entry.key, 0)
                 self._first[entry.key] = entry.n + 1
                 entry.effect = entry.args = entry.kwargs = None  # hold no argument longer
