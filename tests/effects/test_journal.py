@@ -257,3 +257,45 @@ def test_a_key_that_fails_later_does_not_break_the_recovery() -> None:
         raise KeyError("shipping")
     assert calls == [0]
     assert seen[0]["effect"] == "(an effect whose key= raised ZeroDivisionError)"
+
+
+def _transform(value: int) -> int:
+    raise NotImplementedError("transform")
+
+
+@pytest.mark.anyio
+async def test_single_flight_waiters_replay_without_charging_again() -> None:
+    # Twenty concurrent orders fail alike: one agent run repairs the code, the nineteen others
+    # wait and replay through it. Every order charged before failing; none is charged twice.
+    patch = (
+        "def _transform(value):\n    return value * 10\n"
+        "globals()['_transform'] = _transform\nrerun()"
+    )
+    co = CrashOverride(model=script(exec_python(patch), done()), timeout=60)
+    charged: list[int] = []
+
+    @co.effect(key=lambda order: order)
+    async def charge(order: int) -> str:
+        charged.append(order)
+        await anyio.lowlevel.checkpoint()
+        return f"ch_{order}"
+
+    @co.handler()
+    async def checkout(order: int) -> tuple[str, int]:
+        receipt = await charge(order)
+        return receipt, _transform(order)
+
+    results: dict[int, tuple[str, int]] = {}
+
+    async def run(order: int) -> None:
+        results[order] = await checkout(order)
+
+    original = _transform
+    try:
+        async with anyio.create_task_group() as tg:
+            for order in range(20):
+                tg.start_soon(run, order)
+    finally:
+        globals()["_transform"] = original
+    assert results == {order: (f"ch_{order}", order * 10) for order in range(20)}
+    assert sorted(charged) == list(range(20))  # each order charged once: replays found it
