@@ -238,24 +238,24 @@ async def _run_async(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
+    # A recording attempt's journal is this process's: the plain call, nothing to await on the
+    # happy path. A consulting one's may be in Redis: awaited, the loop goes on meanwhile.
+    journal = attempt.unit.journal
     try:
         result = await func(*args, **kwargs)
     except Exception as error:
         entry.fail(error)
-        await _ended(attempt, entry)
+        if attempt.consults:
+            await journal.aended(entry)
+        else:
+            journal.ended(entry)
         raise
     entry.finish(result)
-    await _ended(attempt, entry)
-    return result
-
-
-async def _ended(attempt: Attempt, entry: Entry) -> None:
-    # A recording attempt's journal is this process's (nothing to wait for: the plain call,
-    # as on the happy path); a consulting one's may be in Redis.
     if attempt.consults:
-        await attempt.unit.journal.aended(entry)
+        await journal.aended(entry)
     else:
-        attempt.unit.journal.ended(entry)
+        journal.ended(entry)
+    return result
 
 
 def _said(level: str, what: str, entry: Entry, attempt: Attempt) -> None:
