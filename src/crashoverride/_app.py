@@ -249,16 +249,27 @@ class CrashOverride:
 
     def _journal(self, unit_id: str) -> Journal:
         """The journal of the unit of work ``unit_id`` (a task id, an idempotency key), from
-        where this application keeps them: this process (bounded: ``MemoryStore``)."""
+        where this application keeps them: this process (bounded: ``MemoryStore``), or Redis
+        with ``RedisCoordination``, so a retry or redelivery on another process finds it.
+
+        Chosen here, as ``_coordinate`` chooses admission's backend."""
         store = self._effects_store
         if store is None:
             with self._limits_lock:
                 store = self._effects_store
                 if store is None:
-                    from crashoverride._effects.journal import MemoryStore
-
-                    store = self._effects_store = MemoryStore()
+                    store = self._effects_store = self._new_store()
         return store.journal(unit_id)
+
+    def _new_store(self) -> Store:
+        option = self._settings.coordination
+        if option is None:
+            from crashoverride._effects.journal import MemoryStore
+
+            return MemoryStore()
+        from crashoverride._fleet.effects import RedisStore
+
+        return RedisStore(option, self._settings)
 
     @staticmethod
     async def _run_followup(job: FollowupJob, settings: Settings, runner: str) -> FollowupResult:

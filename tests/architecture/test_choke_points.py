@@ -102,6 +102,9 @@ SITES: Final[dict[tuple[str, str, str], str]] = {
     # not code at all
     ("crashoverride._fleet.backend", "Fleet._join.first", "pipe.execute"): "a Redis pipeline",
     ("crashoverride._fleet.scripts", "outcome_and_lease", "pipe.execute"): "a Redis pipeline",
+    ("crashoverride._fleet.effects", "RedisJournal._write.write", "pipe.execute"): (
+        "a Redis pipeline"
+    ),
     ("crashoverride.integrations.celery", "queue_consumers", "(...).inspect"): (
         "Celery's control.inspect(): asks the workers, runs no code"
     ),

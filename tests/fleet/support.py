@@ -90,6 +90,9 @@ def close_fleet(*apps: Any) -> None:
         link = getattr(getattr(state, "coordination", None), "link", None)
         if link is not None:
             link.close()
+        link = getattr(app._effects_store, "link", None)  # the journal's (declared effects)
+        if link is not None:
+            link.close()
 
 
 class SilentServer:

@@ -73,6 +73,12 @@ class RedisCoordination:
         max_agent_runs_per_minute: A fleet-wide ceiling on agent runs (cost control); None:
             no ceiling.
         record_ttl: Seconds fix records are kept for processes that start later.
+        journal_ttl: Seconds the journal of a unit of work with an id (a Celery task id, an
+            ``Idempotency-Key``) is kept in Redis after its last write: what its declared
+            effects did, for a retry or redelivery on any process (README, "Declared effects
+            across a fleet"). A run later than this finds nothing and makes its effects again.
+            Journal entries are signed with ``key``: without one the journal stays in each
+            process.
         client_factory: Builds the ``redis.asyncio`` client instead of ``from_url``: a Cluster
             (``redis.asyncio.RedisCluster.from_url(...)``), a Sentinel-managed master
             (``redis.asyncio.sentinel.Sentinel([...]).master_for(name)``; the Sentinel's own
@@ -84,8 +90,8 @@ class RedisCoordination:
     """
 
     __slots__ = (
-        "apply_fixes", "client_factory", "key", "lease", "max_agent_runs_per_minute",
-        "namespace", "op_timeout", "record_ttl", "retry_after", "url",
+        "apply_fixes", "client_factory", "journal_ttl", "key", "lease",
+        "max_agent_runs_per_minute", "namespace", "op_timeout", "record_ttl", "retry_after", "url",
     )  # fmt: skip
 
     def __init__(
@@ -100,6 +106,7 @@ class RedisCoordination:
         retry_after: float = 5.0,
         max_agent_runs_per_minute: int | None = None,
         record_ttl: float = 7 * 86_400,
+        journal_ttl: float = 86_400,
         client_factory: Callable[[], Any] | None = None,
     ) -> None:
         self.url = _url(url)
@@ -128,6 +135,7 @@ class RedisCoordination:
             raise ConfigurationError("max_agent_runs_per_minute", "must be at least 1")
         self.max_agent_runs_per_minute = budget
         self.record_ttl = _number("record_ttl", record_ttl, upper=365 * 86_400)
+        self.journal_ttl = _number("journal_ttl", journal_ttl, upper=30 * 86_400)
 
     def __repr__(self) -> str:
         where = "client_factory" if self.url is None else "url=<hidden>"

@@ -110,12 +110,16 @@ def wrap(effect: Effect) -> Callable[..., Any]:
                 entry = Entry(effect, args, kwargs)
                 attempt.unit.journal.recorded(entry)
                 return await _run_async(func, attempt, entry, args, kwargs)
-            entry, known = _consult(effect, attempt, args, kwargs)
+            # Awaited journal calls: a store in Redis is never waited for on the loop.
+            entry, known = await _aconsult(effect, attempt, args, kwargs)
             if known:
                 return entry.result
             if entry.state == STARTED and entry.error == "" and effect.probe is not None:
                 found = await effect.probe(*args, **kwargs)
-                if _settled(attempt, entry, found):
+                if found is not NOT_DONE:
+                    entry.finish(found)
+                    await attempt.unit.journal.aended(entry)
+                    _said("info", "probed", entry, attempt)
                     return found
             return await _run_async(func, attempt, entry, args, kwargs)
 
@@ -155,24 +159,52 @@ def _consult(
     journal = attempt.unit.journal
     key = effect.key_of(args, kwargs)
     n = attempt.next(key)
-    found = journal.find(key, n)
+    entry, known, begins = _decided(effect, attempt, args, kwargs, key, n, journal.find(key, n))
+    if begins:
+        journal.begin(entry)
+    return entry, known
+
+
+async def _aconsult(
+    effect: Effect, attempt: Attempt, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Entry, bool]:
+    """``_consult`` on the async path."""
+    journal = attempt.unit.journal
+    key = effect.key_of(args, kwargs)
+    n = attempt.next(key)
+    found = await journal.afind(key, n)
+    entry, known, begins = _decided(effect, attempt, args, kwargs, key, n, found)
+    if begins:
+        await journal.abegin(entry)
+    return entry, known
+
+
+def _decided(
+    effect: Effect,
+    attempt: Attempt,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    key: str,
+    n: int,
+    found: Entry | None,
+) -> tuple[Entry, bool, bool]:
+    """What the journal's answer means: (the entry, whether its result stands, whether it
+    begins now: journaled as started before the call runs)."""
     if found is None:
         entry = Entry(effect, args, kwargs)
         entry.key, entry.label, entry.n = key, effect.label_of(args, kwargs), n
         entry.effect = entry.args = entry.kwargs = None
-        journal.begin(entry)
-        return entry, False
+        return entry, False, True
     if found.state == DONE:
         _said("info", "replayed", found, attempt)
-        return found, True
+        return found, True, False
     if found.state == STARTED:
         if effect.probe is None:
             _said("warning", "uncertain", found, attempt)
             raise EffectUncertain(found.label, attempt.unit.id)
-        return found, False
+        return found, False, False
     found.state, found.error = STARTED, ""  # it raised before: it runs again
-    journal.begin(found)
-    return found, False
+    return found, False, True
 
 
 def _settled(attempt: Attempt, entry: Entry, found: Any) -> bool:
@@ -210,14 +242,23 @@ async def _run_async(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
+    # A recording attempt's journal is this process's: the plain call, nothing to await on the
+    # happy path. A consulting one's may be in Redis: awaited, the loop goes on meanwhile.
+    journal = attempt.unit.journal
     try:
         result = await func(*args, **kwargs)
     except Exception as error:
         entry.fail(error)
-        attempt.unit.journal.ended(entry)
+        if attempt.consults:
+            await journal.aended(entry)
+        else:
+            journal.ended(entry)
         raise
     entry.finish(result)
-    attempt.unit.journal.ended(entry)
+    if attempt.consults:
+        await journal.aended(entry)
+    else:
+        journal.ended(entry)
     return result
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, Final, Protocol
 
@@ -53,6 +54,15 @@ class Entry:
         self.result: Any = None
         self.error = ""
         self.at = time.time()
+
+    @classmethod
+    def stored(cls, key: str, n: int, label: str, state: str, result: Any, error: str) -> Entry:
+        """An entry read back from a store (another process's): keyed, no call at hand."""
+        entry = cls.__new__(cls)
+        entry.effect = entry.args = entry.kwargs = None
+        entry.key, entry.n, entry.label, entry.state = key, n, label, state
+        entry.result, entry.error, entry.at = result, error, time.time()
+        return entry
 
     def finish(self, result: Any) -> None:
         self.state, self.result = DONE, result
@@ -110,13 +120,39 @@ class Journal:
         return self._entries.get((key, n))
 
     def begin(self, entry: Entry) -> None:
-        """A keyed call of a consulting attempt begins (its entry is new)."""
+        """A keyed call of a consulting attempt begins (its entry is new, or one that raised
+        and runs again)."""
         with self._lock:
-            self._entries[(entry.key, entry.n)] = entry
-            self._order.append(entry)
+            if self._entries.get((entry.key, entry.n)) is not entry:
+                self._entries[(entry.key, entry.n)] = entry
+                self._order.append(entry)
 
     def ended(self, entry: Entry) -> None:
         """``entry`` finished or failed (in place here; a store writing through says so)."""
+
+    def adopt(self, entry: Entry) -> None:
+        """An entry another process journaled (read back from a store): it takes the place of
+        this journal's own, unless that one is done here (a result in hand beats one that
+        could not be stored)."""
+        self.keyed()
+        with self._lock:
+            mine = self._entries.get((entry.key, entry.n))
+            if mine is None:
+                self._entries[(entry.key, entry.n)] = entry
+                self._order.append(entry)
+            elif mine.state != DONE:
+                mine.state, mine.result, mine.error = entry.state, entry.result, entry.error
+
+    # The async effect path awaits these: a store that talks to a server (Redis) overrides
+    # them so the event loop is never blocked; in this process they are the plain calls.
+    async def afind(self, key: str, n: int) -> Entry | None:
+        return self.find(key, n)
+
+    async def abegin(self, entry: Entry) -> None:
+        self.begin(entry)
+
+    async def aended(self, entry: Entry) -> None:
+        self.ended(entry)
 
     def entries(self) -> list[Entry]:
         self.keyed()
@@ -135,10 +171,16 @@ class Store(Protocol):
 
 class MemoryStore:
     """This process's journals by unit id, the most recent ``size`` units, each kept ``ttl``
-    seconds: enough for a retry or a replay, bounded for a server that runs for months."""
+    seconds: enough for a retry or a replay, bounded for a server that runs for months.
+    ``make``: a new unit's journal (a store writing through keeps its journals here too)."""
 
-    def __init__(self, size: int = 10_000, ttl: float = 3600.0) -> None:
-        self._size, self._ttl = size, ttl
+    def __init__(
+        self,
+        size: int = 10_000,
+        ttl: float = 3600.0,
+        make: Callable[[str], Journal] | None = None,
+    ) -> None:
+        self._size, self._ttl, self._make = size, ttl, make
         self._lock = threading.Lock()
         self._journals: OrderedDict[str, tuple[float, Journal]] = OrderedDict()
 
@@ -146,7 +188,10 @@ class MemoryStore:
         now = time.monotonic()
         with self._lock:
             kept = self._journals.pop(unit_id, None)
-            journal = kept[1] if kept is not None and kept[0] > now else Journal()
+            if kept is not None and kept[0] > now:
+                journal = kept[1]
+            else:
+                journal = Journal() if self._make is None else self._make(unit_id)
             self._journals[unit_id] = (now + self._ttl, journal)
             while len(self._journals) > self._size:
                 self._journals.popitem(last=False)

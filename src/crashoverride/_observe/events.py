@@ -57,6 +57,9 @@ FIX_WITHHELD: Final = fixed("fleet.fix_withheld")
 EFFECT_REPLAYED: Final = fixed("effect.replayed")
 EFFECT_PROBED: Final = fixed("effect.probed")
 EFFECT_UNCERTAIN: Final = fixed("effect.uncertain")
+# A journal entry read from Redis that does not verify (unsigned, malformed, copied from another
+# call, unit or namespace, expired): taken as no entry.
+EFFECT_REFUSED: Final = fixed("effect.refused")
 EFFECTS: Final = {
     "replayed": EFFECT_REPLAYED,
     "probed": EFFECT_PROBED,

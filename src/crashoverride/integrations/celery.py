@@ -9,7 +9,11 @@
     @app.task(recovery_prompt="Return the invoice total; never invent amounts.")
     def invoice_total(invoice_id): ...
 
-``CrashOverrideTask`` wraps ``Task.__call__``, which workers and eager mode both honour. A
+``CrashOverrideTask`` wraps ``Task.__call__``, which workers and eager mode both honour. Each
+run is a unit of work whose id is the task id: the calls of declared effects
+(``CrashOverride.effect``) are journaled, and a ``rerun()``, a ``self.retry()`` or a redelivery
+of the same task id (``acks_late``, a worker killed) returns what an earlier run's call returned
+instead of calling it again (across workers with ``RedisCoordination``). A
 recovered task returns the value the agent set, so the result backend stores it. Celery's own
 control flow passes untouched: ``Retry``, ``Ignore``, ``Reject``, ``MaxRetriesExceededError``,
 ``SoftTimeLimitExceeded`` and the task's ``throws``. An unrecovered task re-raises its original
@@ -105,7 +109,11 @@ class CrashOverrideTask(celery.Task):  # type: ignore[misc]
         try:
             runner = _runner_for(self.app)
             scope = followups.using(runner) if runner is not None else contextlib.nullcontext()
-            with scope:
+            # The run is a unit of work named by its task id: a retry (``self.retry()``) or a
+            # redelivery of the same id (``acks_late``, a worker killed) finds what the declared
+            # effects of earlier runs did (in Redis with ``RedisCoordination``, so on any
+            # worker) and does not do it again.
+            with scope, integration.unit_of_work(handler, self.request.id):
                 return self._protected(handler, args, kwargs)
         finally:
             self.pop_request()
