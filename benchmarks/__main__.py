@@ -28,6 +28,8 @@ MODULES = [
     "benchmarks.bench_credentials",
     "benchmarks.bench_secrets",
     "benchmarks.bench_eval",
+    # Last: declaring an effect is for the whole process (every ``with`` then opens a unit).
+    "benchmarks.bench_effects",
 ]
 
 

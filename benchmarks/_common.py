@@ -44,16 +44,20 @@ def per_call_ns(fn: Callable[[int], Any], loops: int, repeats: int = 7) -> float
 
 
 def interleaved(
-    fns: dict[str, Callable[[int], Any]], loops: int, rounds: int = 9
+    fns: dict[str, Callable[[int], Any]],
+    loops: int,
+    rounds: int = 9,
+    pick: Callable[[list[float]], float] = statistics.median,
 ) -> dict[str, float]:
-    """Median ns per iteration of each function, measured in alternation (noisy machine)."""
+    """ns per iteration of each function, measured in alternation (noisy machine): the median
+    of the rounds, or what ``pick`` takes (``min``: the run the machine disturbed least)."""
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             start = time.perf_counter_ns()
             fn(loops)
             samples[name].append((time.perf_counter_ns() - start) / loops)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return {name: pick(values) for name, values in samples.items()}
 
 
 def format_table(rows: list[Row]) -> str:

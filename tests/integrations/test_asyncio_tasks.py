@@ -260,3 +260,36 @@ def test_async_scraper_example_runs_offline() -> None:
         assert f"saved https://news.example/a/{n}: Text of article {n}." in out
     assert "agent runs: 1, replays after the repair: 2" in out
     assert "payload.get('article_text', payload.get('body'))" in out  # the follow-up's fix file
+
+
+@pytest.mark.parametrize(
+    ("declared", "receipt", "expected"),
+    [(True, "ch_1", ["ch_1"]), (False, "ch_2", ["ch_1", "ch_2"])],
+)
+async def test_a_rerun_returns_the_recorded_charge_instead_of_charging_again(
+    anyio_backend: str, declared: bool, receipt: str, expected: list[str]
+) -> None:
+    # Each run of a protected coroutine is a unit of work: its rerun finds the charge the
+    # failed run made. Undeclared, the same rerun charges twice.
+    co = CrashOverride(model=script(exec_python("STOCK['pen'] = 3\nrerun()"), done()))
+    charges: list[str] = []
+
+    def charge(order: int) -> str:
+        charges.append(f"ch_{len(charges) + 1}")
+        return charges[-1]
+
+    if declared:
+        charge = co.effect(charge, key=lambda order: f"charge order {order}")
+
+    @task(co)
+    async def buy(order: int, item: str) -> str:
+        receipt = charge(order)
+        await anyio.lowlevel.checkpoint()
+        return f"{receipt}: {STOCK[item]} left"
+
+    STOCK.clear()
+    assert await buy(1, "pen") == f"{receipt}: 3 left"
+    assert charges == expected
+
+
+STOCK: dict[str, int] = {}

@@ -48,7 +48,8 @@ keep running while you work. The coroutine has ended; its locals are readable th
 `args` and `kwargs` are its arguments. Finish it in one of two ways: `set_result(value)` to make
 the task return that value, or, after repairing the code, `rerun()` to have the coroutine
 function called once more with the same arguments when you finish. A rerun repeats everything
-the coroutine did before it failed: if that includes a side effect (a charge, a message, a
+the coroutine did before it failed but its declared side effects (listed above, if any; they
+return their recorded results): if that includes another side effect (a charge, a message, a
 write), finish the remaining work yourself and use `set_result`. If neither is right, call
 give_up: the task then fails exactly as it would have."""
 
@@ -123,6 +124,19 @@ class TaskHandler:
 
 
 async def _guarded(
+    handler: Handler,
+    func: Callable[..., Awaitable[Any]] | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    coro: Awaitable[Any] | None,
+) -> Any:
+    # Each run is a unit of work, its recovery included: ``rerun()`` and agent code find the
+    # declared effects (``CrashOverride.effect``) the failed run made instead of repeating them.
+    with integration.unit_of_work(handler):
+        return await _run(handler, func, args, kwargs, coro)
+
+
+async def _run(
     handler: Handler,
     func: Callable[..., Awaitable[Any]] | None,
     args: tuple[Any, ...],

@@ -13,6 +13,11 @@ What it does:
   or ``respond``) is sent; otherwise the original exception propagates, with a note, and the
   app's normal 500 follows. Nothing that fails inside crashoverride or on the client's channel
   meanwhile replaces that exception.
+* Each protected request is a unit of work: a replay of it (``replay_request()``, a
+  single-flight waiter's, a background task's ``rerun()``) finds the declared effects
+  (``CrashOverride.effect``) its failed run made and does not make them again; so does a
+  client's retry carrying the same ``Idempotency-Key`` (``idempotency_header``; see
+  ``integrations.asgi._units`` for what scopes a key).
 * The request body is recorded as it is read, up to ``max_replay_body`` bytes, so the request
   can be replayed. Larger bodies still stream to the app unchanged; they are just not replayable.
 * If the response had already started, nothing more is sent. A Starlette/FastAPI background
@@ -60,6 +65,7 @@ from crashoverride.integrations.asgi._exchange import (
     outranking,
     send_response,
 )
+from crashoverride.integrations.asgi._units import unit_id
 
 __all__ = ["CapturedResponse", "CrashOverrideMiddleware", "NotReplayable", "TaskGroupRunner"]
 
@@ -86,6 +92,11 @@ class CrashOverrideMiddleware:
             (recovered or the 500) before it gives up.
         max_replay_body: Request bodies up to this many bytes are kept for replay.
         request_id_header: Header whose value is logged as ``request_id`` with every event.
+        idempotency_header: Header whose value is the client's idempotency key: a request
+            carrying one is a unit of work a retry with the same key (same method, path,
+            query and credentials) finds again, so the declared effects
+            (``CrashOverride.effect``) it made are not made twice. ``None``: no request has
+            one. See ``integrations.asgi._units``.
         shutdown_grace: Seconds background work gets to finish when the app shuts down.
         name: Handler name in events and reports (default ``"request"``).
         tools: Extra agent tools for request recoveries.
@@ -118,6 +129,7 @@ class CrashOverrideMiddleware:
         timeout: Any = UNSET,
         max_replay_body: int = DEFAULT_MAX_REPLAY_BODY,
         request_id_header: str | None = "x-request-id",
+        idempotency_header: str | None = "idempotency-key",
         shutdown_grace: float = 10.0,
         name: str | None = None,
         tools: Iterable[Any] = (),
@@ -155,13 +167,8 @@ class CrashOverrideMiddleware:
         self._methods = check.methods(methods)
         self._limit = check.non_negative_int("max_replay_body", max_replay_body)
         self._grace = check.non_negative_number("shutdown_grace", shutdown_grace)
-        if request_id_header is not None and (
-            not isinstance(request_id_header, str) or not request_id_header.strip()
-        ):
-            raise ConfigurationError("request_id_header", "expected a header name or None")
-        self._request_id = (
-            request_id_header.strip().lower().encode("latin-1") if request_id_header else None
-        )
+        self._request_id = check.header("request_id_header", request_id_header)
+        self._idempotency = check.header("idempotency_header", idempotency_header)
         self._warm_up = check.flag("warm_up", warm_up)
         self._repair_after_start = check.flag("repair_after_start", repair_after_start)
         self._filtered = bool(self._include or self._exclude or self._methods)
@@ -195,6 +202,12 @@ class CrashOverrideMiddleware:
     # -- http ------------------------------------------------------------------------------
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The request is a unit of work, its recovery included: replays and a client's retry
+        # with the same idempotency key find the declared effects it made (``_units``).
+        with integration.unit_of_work(self.handler, unit_id(scope, self._idempotency)):
+            await self._unit(scope, receive, send)
+
+    async def _unit(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = Exchange(scope, receive, send, self._limit)
         resume: Callable[[], Awaitable[None]] | None = None
         try:

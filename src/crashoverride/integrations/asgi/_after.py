@@ -36,7 +36,7 @@ from typing import Any
 import anyio.to_thread
 
 from crashoverride import Handler, integration
-from crashoverride.integrations.asgi._block import SAFE_METHODS, RequestRecovery
+from crashoverride.integrations.asgi._block import DECLARED_NOTE, SAFE_METHODS, RequestRecovery
 from crashoverride.integrations.asgi._exchange import CapturedResponse, cancel_pending, replay
 
 # Names listed in a brief, an event or a note: a response may queue any number of tasks.
@@ -76,7 +76,7 @@ the client sees it cut short whatever you do. Your job is the code, so that late
 STREAM_SAFE = "Its method is a safe one: replaying it has no side effects to fear."
 STREAM_UNSAFE = (
     "Its method is not a safe one: a replay performs its side effects again. Check what the "
-    "failed attempt already did first."
+    f"failed attempt already did first. {DECLARED_NOTE}"
 )
 STREAM_FINISH = """\
 Postcondition: the code is repaired, and a replay shows it: after patching the failing function

@@ -38,6 +38,10 @@ any part of the response was sent. Execution does not resume inside the endpoint
 receives the response you produce, or the application's normal 500 error if you produce none.
 `request` describes it (method, path, query, headers with secrets masked, body, json())."""
 
+# The declared ones are the exception (``CrashOverride.effect``): the prompt lists them.
+DECLARED_NOTE = (
+    "Not the declared side effects listed above, if any: a replay gets their recorded results."
+)
 METHOD_NOTES = {
     **{m: f"{m} is a safe method: replaying it has no side effects to fear." for m in SAFE_METHODS},
     **{
@@ -48,14 +52,14 @@ METHOD_NOTES = {
     **{
         m: f"{m} is NOT idempotent: the failed attempt may already have performed side effects "
         "(a write, a charge, a message). Check what happened before replaying; a replay "
-        "performs them again."
+        f"performs them again. {DECLARED_NOTE}"
         for m in ("POST", "PATCH", "CONNECT")
     },
 }
 UNKNOWN_METHOD_NOTE = (
     "Its method (in `request` above) is not a standard one, so it is NOT idempotent: the failed "
     "attempt may already have performed side effects (a write, a charge, a message). Check what "
-    "happened before replaying; a replay performs them again."
+    f"happened before replaying; a replay performs them again. {DECLARED_NOTE}"
 )
 
 BODY_NOTES = {

@@ -70,6 +70,19 @@ def non_negative_number(name: str, value: Any) -> float:
     return float(value)
 
 
+# RFC 9110's token: the characters a header's name may have.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def header(name: str, value: Any) -> bytes | None:
+    """A header's name as ASGI servers hand it over (lowercased bytes), or None for none."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _TOKEN.fullmatch(value.strip()):
+        raise ConfigurationError(name, f"expected a header name or None, got {value!r}")
+    return value.strip().lower().encode("latin-1")
+
+
 def flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigurationError(name, f"expected True or False, got {value!r}")
