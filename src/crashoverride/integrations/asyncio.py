@@ -129,27 +129,31 @@ async def _guarded(
     kwargs: dict[str, Any],
     coro: Awaitable[Any] | None,
 ) -> Any:
-    try:
-        if coro is None:
-            assert func is not None
-            coro = func(*args, **kwargs)
-        return await coro
-    except Exception as exc:  # cancellation is a BaseException: never caught here
-        if not integration.catches(handler, exc):
-            raise
-        postcondition = handler.settings.postcondition
-        # The builders are passed, never kept in a local: they hold ``exc``, whose traceback
-        # holds this frame, and that cycle would keep the failed task's locals alive.
-        outcome = await integration.arecover(
-            handler, exc,
-            functools.partial(_call_block, postcondition, func, args, kwargs, exc)
-            if func is not None
-            else functools.partial(_coroutine_block, postcondition, coro, exc),  # type: ignore[arg-type]
-        )  # fmt: skip
-        if not integration.settle(handler, outcome, exc):
-            raise
-        assert outcome is not None
-        return outcome.value
+    # Each task call is a unit of work: the declared effects it makes are journaled, and its
+    # recovery (the agent's code, its rerun()) finds them instead of doing them again.
+    with integration.unit_of_work(handler):
+        try:
+            if coro is None:
+                assert func is not None
+                coro = func(*args, **kwargs)
+            return await coro
+        except Exception as exc:  # cancellation is a BaseException: never caught here
+            if not integration.catches(handler, exc):
+                raise
+            postcondition = handler.settings.postcondition
+            # The builders are passed, never kept in a local: they hold ``exc``, whose
+            # traceback holds this frame, and that cycle would keep the failed task's locals
+            # alive.
+            outcome = await integration.arecover(
+                handler, exc,
+                functools.partial(_call_block, postcondition, func, args, kwargs, exc)
+                if func is not None
+                else functools.partial(_coroutine_block, postcondition, coro, exc),  # type: ignore[arg-type]
+            )  # fmt: skip
+            if not integration.settle(handler, outcome, exc):
+                raise
+            assert outcome is not None
+            return outcome.value
 
 
 def _task_fields(name: str) -> dict[str, Any]:
