@@ -90,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
     if args.list:
         for scenario in catalogue(args.scenario or ["*"]):
             trap = " trap" if scenario.trap else ""
-            print(f"{scenario.name:<28} {scenario.kind:<8} {scenario.expect:<8}{trap:<5} "
+            print(f"{scenario.name:<32} {scenario.kind:<8} {scenario.expect:<8}{trap:<5} "
                   f"{scenario.about}")  # fmt: skip
         return 0
     if args.repeat < 1:
