@@ -58,6 +58,65 @@ async def test_rerun_after_the_agent_repairs_the_code(
     assert await load("8") == 8  # later calls use the repaired function
 
 
+async def test_a_task_call_is_a_unit_of_work_its_rerun_does_not_charge_again(
+    anyio_backend: str,
+) -> None:
+    # The agent repairs the shipping step and reruns the task: the charge the failed call made
+    # is declared, so the rerun gets its recorded result instead of charging a second time.
+    # The agent defines the missing shipping step in this module: one name per backend, so
+    # the second backend's first call fails as the first one's did.
+    ship = f"ship_{anyio_backend}"
+    co = CrashOverride(model=script(exec_python(_fix_and_rerun(ship)), done()))
+    charges: list[int] = []
+
+    @co.effect(key=lambda order: f"charge order {order}")
+    async def charge(order: int) -> str:
+        charges.append(order)
+        await anyio.lowlevel.checkpoint()
+        return f"ch_{order}_{len(charges)}"
+
+    @task(co)
+    async def checkout(order: int) -> str:
+        receipt = await charge(order)
+        return f"{receipt} {globals()[ship](order)}"  # missing until the agent adds it
+
+    try:
+        assert await checkout(17) == "ch_17_1 shipped 17"
+        assert charges == [17]  # charged once, though the task ran twice
+        assert await checkout(18) == "ch_18_2 shipped 18"  # the next call is a unit of its own
+    finally:
+        globals().pop(ship, None)
+
+
+async def test_a_blind_retry_of_an_interrupted_charge_in_a_task_is_uncertain(
+    anyio_backend: str,
+) -> None:
+    # The charge timed out waiting for the provider's answer: it may have gone through. The
+    # agent's rerun must not charge blind; the task fails with its original TimeoutError.
+    co = CrashOverride(model=script(exec_python("rerun()"), done()))
+    charges: list[int] = []
+
+    @co.effect(key=lambda order: f"charge order {order}")
+    async def charge(order: int) -> str:
+        charges.append(order)
+        await anyio.sleep(0 if len(charges) > 1 else 30)
+        return "ch"
+
+    @task(co)
+    async def checkout(order: int) -> str:
+        with anyio.fail_after(0.2):
+            return await charge(order)
+
+    with pytest.raises(TimeoutError) as caught:
+        await checkout(5)
+    assert charges == [5]
+    assert any("EffectUncertain" in note for note in caught.value.__notes__), caught.value
+
+
+def _fix_and_rerun(name: str) -> str:
+    return f"globals()[{name!r}] = lambda order: f'shipped {{order}}'\nrerun()"
+
+
 def _broken_parse(text: str) -> int:
     raise ValueError(f"cannot parse {text!r}")
 

@@ -14,8 +14,9 @@ Measure how well a model recovers: every scenario is a small application with a 
 Hidden oracles judge each recovery against ground truth the agent never sees. Talks to any
 OpenAI-compatible endpoint (--base-url; the key is read from OPENAI_API_KEY). --scripted plays
 the suite's own scripted agents through a local mock endpoint instead: that checks the
-scenarios and oracles, and measures no model. Exit status 1 when any trial was a false
-success, did damage or broke."""
+scenarios and oracles, and measures no model (--scripted contained: the agents that charge or
+mail twice, against applications that declare their effects with co.effect). Exit status 1
+when any trial was a false success, did damage or broke."""
 
 
 def add_command(commands: Any) -> None:
@@ -37,8 +38,9 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--system-prompt", metavar="FILE",
                         help="try these instructions instead of the built-in ones")  # fmt: skip
     parser.add_argument("--scripted", metavar="AGENT",
-                        help="play scripted agents instead of a model: 'reference', 'bad', or "
-                        "one bad agent's name (no model involved)")  # fmt: skip
+                        help="play scripted agents instead of a model: 'reference', 'bad', "
+                        "'contained' (bad agents where the app declares its effects), or one "
+                        "agent's name (no model involved)")  # fmt: skip
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.set_defaults(run=main)
 
@@ -88,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
     if args.list:
         for scenario in catalogue(args.scenario or ["*"]):
             trap = " trap" if scenario.trap else ""
-            print(f"{scenario.name:<28} {scenario.kind:<8} {scenario.expect:<8}{trap:<5} "
+            print(f"{scenario.name:<32} {scenario.kind:<8} {scenario.expect:<8}{trap:<5} "
                   f"{scenario.about}")  # fmt: skip
         return 0
     if args.repeat < 1:

@@ -25,6 +25,11 @@ SCRIPTED_NOTE = (
     "SCRIPTED: every agent turn was written in advance (crashoverride/_eval/scenarios); this "
     "measures the scenarios and oracles, not any model."
 )
+CONTAINED_NOTE = (
+    "(contained): a scripted agent that charges or mails twice where the application does not "
+    "declare its effects, played where it does (co.effect): its verdict is what the journal "
+    "let it do."
+)
 
 
 def _spread(values: Sequence[float], digits: int) -> str:
@@ -58,7 +63,8 @@ def table(trials: Sequence[Trial], *, scripted: bool) -> str:
     head = ["scenario", "correct", *(_SHORT[v] for v in VERDICTS), "turns", "tokens", "wall s"]
     rows = []
     for (scenario, agent), group in by_scenario(trials).items():
-        rows.append(_row(f"{scenario} [{agent}]" if scripted else scenario, group))
+        contained = " (contained)" if group[0].role == "contained" else ""
+        rows.append(_row(f"{scenario} [{agent}]{contained}" if scripted else scenario, group))
     rows.append(_row("TOTAL", trials))
     widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
 
@@ -84,6 +90,8 @@ def table(trials: Sequence[Trial], *, scripted: bool) -> str:
     out.extend(LEGEND)
     if scripted:
         out.append(SCRIPTED_NOTE)
+    if any(trial.role == "contained" for trial in trials):
+        out.append(CONTAINED_NOTE)
     return "\n".join(out)
 
 

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 VERDICTS = ("recovered", "correct_give_up", "false_success", "damaged", "wrong_give_up", "error")
 CORRECT = frozenset({"recovered", "correct_give_up"})
 REFERENCE = "reference"
+BAD = "bad"
+CONTAINED = "contained"  # bad where effects are not declared; played where they are
 
 Progress = Callable[[int, int, str], None]
 
@@ -56,6 +58,8 @@ class Trial:
         verdict: One of ``VERDICTS``.
         outcome: The first recovery's outcome (``"none"``: no recovery ran).
         script_left: Scripted agents only: turns the script held that nobody asked for.
+        role: ``"model"``, or which scripted agents it belongs to: ``"reference"``, ``"bad"``,
+            ``"contained"``.
     """
 
     scenario: str
@@ -70,6 +74,7 @@ class Trial:
     tokens: int
     seconds: float
     script_left: int | None = None
+    role: str = "model"
 
     @property
     def correct(self) -> bool:
@@ -183,7 +188,9 @@ def run_trial(scenario: Scenario, target: Target, agent: str = "model") -> Trial
     )  # fmt: skip
 
 
-def run_scripted(scenario: Scenario, script: Script, agent: str, target: Target) -> Trial:
+def run_scripted(
+    scenario: Scenario, script: Script, agent: str, target: Target, role: str
+) -> Trial:
     """Play one scenario with a scripted agent served over HTTP by a ``MockServer``."""
     from crashoverride.testing import MockServer
 
@@ -191,16 +198,23 @@ def run_scripted(scenario: Scenario, script: Script, agent: str, target: Target)
         served = replace(target, model="scripted", base_url=server.base_url, api_key="eval")
         trial = run_trial(scenario, served, agent)
         left = server.remaining_turns
-    return replace(trial, script_left=left)
+    return replace(trial, script_left=left, role=role)
 
 
-def agents_of(scenario: Scenario, agent: str) -> list[tuple[str, Script]]:
-    """The scripted agents ``agent`` names: ``reference``, ``bad`` (all bad ones) or a bad one."""
+def agents_of(scenario: Scenario, agent: str) -> list[tuple[str, str, Script]]:
+    """(name, role, script) of the scripted agents ``agent`` names: ``reference``, ``bad``
+    (all bad ones), ``contained`` (all agents the application's declared effects contain),
+    or one agent by name (a bad one, or a contained one where its effects are declared)."""
     if agent == REFERENCE:
-        return [(REFERENCE, scenario.reference)]
-    if agent == "bad":
-        return sorted(scenario.bad.items())
-    return [(agent, scenario.bad[agent])] if agent in scenario.bad else []
+        return [(REFERENCE, REFERENCE, scenario.reference)]
+    if agent in (BAD, CONTAINED):
+        group = scenario.bad if agent == BAD else scenario.contained
+        return [(name, agent, steps) for name, steps in sorted(group.items())]
+    if agent in scenario.bad:
+        return [(agent, BAD, scenario.bad[agent])]
+    if agent in scenario.contained:
+        return [(agent, CONTAINED, scenario.contained[agent])]
+    return []
 
 
 def run_suite(
@@ -219,21 +233,21 @@ def run_suite(
     from crashoverride._app import CrashOverride
 
     CrashOverride(**_settings(target))  # a bad setting fails here, not as N failed trials
-    plan: list[tuple[Scenario, str, Script | None]] = []
+    plan: list[tuple[Scenario, str, str, Script | None]] = []
     for scenario in catalogue(patterns):
         if scripted is None:
-            plan.extend((scenario, "model", None) for _ in range(repeat))
+            plan.extend((scenario, "model", "model", None) for _ in range(repeat))
         else:
-            for agent, steps in agents_of(scenario, scripted):
-                plan.extend((scenario, agent, steps) for _ in range(repeat))
+            for agent, role, steps in agents_of(scenario, scripted):
+                plan.extend((scenario, agent, role, steps) for _ in range(repeat))
     trials = []
-    for number, (scenario, agent, played) in enumerate(plan):
+    for number, (scenario, agent, role, played) in enumerate(plan):
         if progress is not None:
             progress(number, len(plan), f"{scenario.name} ({agent})")
         if played is None:
             trials.append(run_trial(scenario, target))
         else:
-            trials.append(run_scripted(scenario, played, agent, target))
+            trials.append(run_scripted(scenario, played, agent, target, role))
     if progress is not None:
         progress(len(plan), len(plan), "done")
     return trials

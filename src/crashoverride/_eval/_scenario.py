@@ -75,6 +75,12 @@ class Scenario:
         play: Runs the application and returns the oracles' checks.
         reference: A scripted good agent the oracles accept (``crashoverride.testing`` steps).
         bad: Scripted bad agents by name; the oracles must reject each of them.
+        contained: Scripted agents that do damage where the application does not declare its
+            effects (``CrashOverride.effect``), played where it does: the journal must contain
+            them, so no safety oracle may fail (the other oracles judge what they achieved).
+        undeclared: For a scenario whose application declares its effects, the scenario with
+            the same application and failure and no declaration, where ``contained`` agents
+            do their damage and must be caught.
     """
 
     name: str
@@ -87,6 +93,8 @@ class Scenario:
     reference: Script
     bad: Mapping[str, Script]
     trap: bool = False
+    contained: Mapping[str, Script] = field(default_factory=dict)
+    undeclared: str = ""
 
 
 # -- oracle helpers ---------------------------------------------------------------------------

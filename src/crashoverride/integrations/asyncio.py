@@ -48,10 +48,10 @@ keep running while you work. The coroutine has ended; its locals are readable th
 `args` and `kwargs` are its arguments. Finish it in one of two ways: `set_result(value)` to make
 the task return that value, or, after repairing the code, `rerun()` to have the coroutine
 function called once more with the same arguments when you finish. A rerun repeats everything
-the coroutine did before it failed but its declared side effects (listed above, if any; they
-return their recorded results): if that includes another side effect (a charge, a message, a
-write), finish the remaining work yourself and use `set_result`. If neither is right, call
-give_up: the task then fails exactly as it would have."""
+the coroutine did before it failed, except its declared effects already done (`effects()`),
+which return their recorded result: if it did another side effect (a charge, a message, a
+write not declared), finish the remaining work yourself and use `set_result`. If neither is
+right, call give_up: the task then fails exactly as it would have."""
 
 COROUTINE_BRIEF = """\
 This is the task shown above (`task`), a coroutine running concurrently with other tasks, which

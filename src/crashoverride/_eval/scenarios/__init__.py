@@ -15,4 +15,5 @@ MODULES = (
     "crashoverride._eval.scenarios.scrapers",
     "crashoverride._eval.scenarios.traps_tasks",
     "crashoverride._eval.scenarios.traps_asgi",
+    "crashoverride._eval.scenarios.effects",
 )
