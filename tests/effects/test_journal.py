@@ -299,3 +299,28 @@ async def test_single_flight_waiters_replay_without_charging_again() -> None:
         globals()["_transform"] = original
     assert results == {order: (f"ch_{order}", order * 10) for order in range(20)}
     assert sorted(charged) == list(range(20))  # each order charged once: replays found it
+
+
+def test_a_call_new_to_the_journal_runs_without_asking_the_probe() -> None:
+    # The failed run never reached the charge: the re-run's charge is new, so it runs; the
+    # probe is only for a call begun before and never seen to end.
+    asked: list[int] = []
+    co = CrashOverride(model=script(exec_python(fix_and_rerun("ship_d")), done()))
+    charges: list[int] = []
+
+    def find(order: int) -> Any:
+        asked.append(order)
+        return "ch_from_probe"
+
+    @co.effect(key=lambda order: order, probe=find)
+    def charge(order: int) -> str:
+        charges.append(order)
+        return f"ch_{order}"
+
+    @co.handler()
+    def checkout(order: int) -> str:
+        shipped = ship_d(order)  # noqa: F821  (fails the first time, before the charge)
+        return f"{charge(order)} {shipped}"
+
+    assert checkout(4) == "ch_4 shipped 4"
+    assert charges == [4] and asked == []

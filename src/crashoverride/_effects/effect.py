@@ -111,10 +111,11 @@ def wrap(effect: Effect) -> Callable[..., Any]:
                 attempt.unit.journal.recorded(entry)
                 return await _run_async(func, attempt, entry, args, kwargs)
             # Awaited journal calls: a store in Redis is never waited for on the loop.
-            entry, known = await _aconsult(effect, attempt, args, kwargs)
-            if known:
+            entry, then = await _aconsult(effect, attempt, args, kwargs)
+            if then is _KNOWN:
                 return entry.result
-            if entry.state == STARTED and entry.error == "" and effect.probe is not None:
+            if then is _PROBE:
+                assert effect.probe is not None
                 found = await effect.probe(*args, **kwargs)
                 if found is not NOT_DONE:
                     entry.finish(found)
@@ -135,10 +136,11 @@ def wrap(effect: Effect) -> Callable[..., Any]:
             entry = Entry(effect, args, kwargs)
             attempt.unit.journal.recorded(entry)
             return _run(func, attempt, entry, args, kwargs)
-        entry, known = _consult(effect, attempt, args, kwargs)
-        if known:
+        entry, then = _consult(effect, attempt, args, kwargs)
+        if then is _KNOWN:
             return entry.result
-        if entry.state == STARTED and entry.error == "" and effect.probe is not None:
+        if then is _PROBE:
+            assert effect.probe is not None
             found = effect.probe(*args, **kwargs)
             if _settled(attempt, entry, found):
                 return found
@@ -148,35 +150,41 @@ def wrap(effect: Effect) -> Callable[..., Any]:
     return journaled
 
 
+# What a consulting attempt does with a call, once the journal answered.
+_KNOWN: Final = "known"  # done before: its recorded result is returned
+_PROBE: Final = "probe"  # begun before and never seen to end: the probe says whether it happened
+_RUN: Final = "run"  # new, or it raised before: it runs
+
+
 def _consult(
     effect: Effect, attempt: Attempt, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Entry, bool]:
-    """The entry of this call in the unit's journal, and whether its recorded result stands.
+) -> tuple[Entry, str]:
+    """The entry of this call in the unit's journal, and what to do with it (``_KNOWN``...).
 
-    A new call gets a new entry. An interrupted one is left to the probe (``STARTED`` with no
-    error); with no probe it is ``EffectUncertain``, raised here, before anything runs.
+    A new call gets a new entry. An interrupted one is left to the probe; with no probe it is
+    ``EffectUncertain``, raised here, before anything runs.
     """
     journal = attempt.unit.journal
     key = effect.key_of(args, kwargs)
     n = attempt.next(key)
-    entry, known, begins = _decided(effect, attempt, args, kwargs, key, n, journal.find(key, n))
-    if begins:
+    entry, then = _decided(effect, attempt, args, kwargs, key, n, journal.find(key, n))
+    if then is _RUN:
         journal.begin(entry)
-    return entry, known
+    return entry, then
 
 
 async def _aconsult(
     effect: Effect, attempt: Attempt, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Entry, bool]:
+) -> tuple[Entry, str]:
     """``_consult`` on the async path."""
     journal = attempt.unit.journal
     key = effect.key_of(args, kwargs)
     n = attempt.next(key)
     found = await journal.afind(key, n)
-    entry, known, begins = _decided(effect, attempt, args, kwargs, key, n, found)
-    if begins:
+    entry, then = _decided(effect, attempt, args, kwargs, key, n, found)
+    if then is _RUN:
         await journal.abegin(entry)
-    return entry, known
+    return entry, then
 
 
 def _decided(
@@ -187,24 +195,24 @@ def _decided(
     key: str,
     n: int,
     found: Entry | None,
-) -> tuple[Entry, bool, bool]:
-    """What the journal's answer means: (the entry, whether its result stands, whether it
-    begins now: journaled as started before the call runs)."""
+) -> tuple[Entry, str]:
+    """What the journal's answer means: the entry and what to do with the call (a call that
+    runs is journaled as started first, by the caller)."""
     if found is None:
         entry = Entry(effect, args, kwargs)
         entry.key, entry.label, entry.n = key, effect.label_of(args, kwargs), n
         entry.effect = entry.args = entry.kwargs = None
-        return entry, False, True
+        return entry, _RUN
     if found.state == DONE:
         _said("info", "replayed", found, attempt)
-        return found, True, False
+        return found, _KNOWN
     if found.state == STARTED:
         if effect.probe is None:
             _said("warning", "uncertain", found, attempt)
             raise EffectUncertain(found.label, attempt.unit.id)
-        return found, False, False
+        return found, _PROBE
     found.state, found.error = STARTED, ""  # it raised before: it runs again
-    return found, False, True
+    return found, _RUN
 
 
 def _settled(attempt: Attempt, entry: Entry, found: Any) -> bool:
