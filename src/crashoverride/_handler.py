@@ -128,7 +128,10 @@ class Handler:
 
     def __enter__(self) -> Handler:
         if _effects.declared:
-            _effects.opened(self)
+            try:
+                _effects.opened(self)
+            except RecursionError:  # see _NO_ROOM
+                pass
         return self
 
     def __exit__(
@@ -137,33 +140,34 @@ class Handler:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
+        # The unit ends with the block; a recovery of it is handed the unit explicitly.
+        attempt = None
+        if _effects.declared:
+            try:
+                attempt = _effects.closed(self)
+            except RecursionError:  # see _NO_ROOM
+                pass
         if exc is None:
-            if _effects.declared:
-                _effects.closed(self)
             return False
         try:
-            return self._exit(exc, tb)
-        finally:
-            if _effects.declared:
-                _effects.closed(self)
-
-    def _exit(self, exc: BaseException, tb: TracebackType | None) -> bool:
-        settings = self.settings
-        if not isinstance(exc, settings.catch):
-            return False
-        # The first traceback entry is the frame that holds the ``with`` statement.
-        frame = tb.tb_frame if tb is not None else None
-        # A partial, not a lambda: a closure would make ``settings`` and ``frame`` cell
-        # variables, paid on every exit, including the happy path's.
-        try:
-            decision = self.recover(exc, functools.partial(_with_block, settings, frame))
-        except RecursionError:  # not even the room to look (see _STACK_NEEDED)
+            settings = self.settings
+            if not isinstance(exc, settings.catch):
+                return False
+            # The first traceback entry is the frame that holds the ``with`` statement.
+            frame = tb.tb_frame if tb is not None else None
+            # A partial, not a lambda: a closure would make ``settings`` and ``frame`` cell
+            # variables, paid on every exit, including the happy path's.
+            decision = self.recover(exc, functools.partial(_with_block, settings, frame, attempt))
+        except RecursionError:  # not even the room to look (see _STACK_NEEDED): ``exc`` goes on
             return False
         return self._settle(decision, exc)
 
     async def __aenter__(self) -> Handler:
         if _effects.declared:
-            _effects.opened(self)
+            try:
+                _effects.opened(self)
+            except RecursionError:  # see _NO_ROOM
+                pass
         return self
 
     async def __aexit__(
@@ -172,24 +176,23 @@ class Handler:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
+        attempt = None
+        if _effects.declared:
+            try:
+                attempt = _effects.closed(self)
+            except RecursionError:  # see _NO_ROOM
+                pass
         if exc is None:
-            if _effects.declared:
-                _effects.closed(self)
             return False
         try:
-            return await self._aexit(exc, tb)
-        finally:
-            if _effects.declared:
-                _effects.closed(self)
-
-    async def _aexit(self, exc: BaseException, tb: TracebackType | None) -> bool:
-        settings = self.settings
-        if not isinstance(exc, settings.catch):
-            return False
-        frame = tb.tb_frame if tb is not None else None
-        try:
-            decision = await self.arecover(exc, functools.partial(_with_block, settings, frame))
-        except RecursionError:  # not even the room to look (see _STACK_NEEDED)
+            settings = self.settings
+            if not isinstance(exc, settings.catch):
+                return False
+            frame = tb.tb_frame if tb is not None else None
+            decision = await self.arecover(
+                exc, functools.partial(_with_block, settings, frame, attempt)
+            )
+        except RecursionError:  # not even the room to look (see _STACK_NEEDED): ``exc`` goes on
             return False
         return self._settle(decision, exc)
 
@@ -256,7 +259,10 @@ class Handler:
         def protected(*args: Any, **kwargs: Any) -> Any:
             unit = _effects.declared  # each call is a unit of work (see ``__enter__``)
             if unit:
-                _effects.opened(handler)
+                try:
+                    _effects.opened(handler)
+                except RecursionError:  # see _NO_ROOM
+                    unit = False
             try:
                 return func(*args, **kwargs)
             except Exception as exc:
@@ -270,7 +276,10 @@ class Handler:
                 return decision.value
             finally:
                 if unit:
-                    _effects.closed(handler)
+                    try:
+                        _effects.closed(handler)
+                    except RecursionError:  # see _NO_ROOM
+                        pass
 
         return protected
 
@@ -281,7 +290,10 @@ class Handler:
         async def protected(*args: Any, **kwargs: Any) -> Any:
             unit = _effects.declared  # each call is a unit of work (see ``__enter__``)
             if unit:
-                _effects.opened(handler)
+                try:
+                    _effects.opened(handler)
+                except RecursionError:  # see _NO_ROOM
+                    unit = False
             try:
                 return await func(*args, **kwargs)
             except Exception as exc:
@@ -295,7 +307,10 @@ class Handler:
                 return decision.value
             finally:
                 if unit:
-                    _effects.closed(handler)
+                    try:
+                        _effects.closed(handler)
+                    except RecursionError:  # see _NO_ROOM
+                        pass
 
         return protected
 
@@ -306,6 +321,9 @@ class Handler:
 # call that has the room. (Where even that check cannot run, the caller's ``except
 # RecursionError`` lets the exception go on in the same way.)
 _STACK_NEEDED = 120
+# _NO_ROOM: where not even a unit of work can be opened or closed (a runaway recursion through
+# a protected call or block), the code runs without one, and the recursion fails where it would
+# have, in the application's code, not in ours.
 
 
 def _stack_left() -> int:
@@ -318,10 +336,11 @@ def _stack_left() -> int:
     return sys.getrecursionlimit() - depth
 
 
-def _with_block(settings: Settings, frame: Any) -> Any:
+def _with_block(settings: Settings, frame: Any, attempt: Any) -> Any:
     from crashoverride._core.block import with_block
 
-    return with_block(settings.postcondition, frame)
+    # The unit itself is made here, on the failure path: a block that ends well makes none.
+    return with_block(settings.postcondition, frame, None if attempt is None else attempt.unit)
 
 
 def _call_block(

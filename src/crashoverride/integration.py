@@ -119,17 +119,23 @@ class unit_of_work:
     def __enter__(self) -> None:
         if not _effects.declared:
             return
-        self._opened = True
         unit_id = self._unit_id
-        if unit_id is None:
-            _effects.opened(self)
-        else:
-            _effects.opened_as(self, unit_id, self._handler._app._journal(unit_id))
+        try:
+            if unit_id is None:
+                _effects.opened(self)
+            else:
+                _effects.opened_as(self, unit_id, self._handler._app._journal(unit_id))
+        except RecursionError:  # no stack left even for this: the unit runs without a journal
+            return
+        self._opened = True
 
     def __exit__(self, *exc_info: object) -> None:
         if self._opened:
             self._opened = False
-            _effects.closed(self)
+            try:
+                _effects.closed(self)
+            except RecursionError:  # no stack left even for this: the unit is left to its context
+                pass
 
 
 def catches(handler: Handler, exc: BaseException) -> bool:

@@ -267,6 +267,33 @@ def test_a_failure_at_the_recursion_limit_keeps_its_exception_and_one_note() -> 
         assert innermost.name == "forever" or ours, (pad, innermost)
 
 
+def test_a_recursion_through_a_with_block_keeps_the_user_s_recursion_error() -> None:
+    # The block's exit runs at the depth the recursion reached: whatever of it has no stack
+    # left lets the user's RecursionError go on (it used to be replaced by one raised in
+    # ``__exit__``, looking up the handler's settings).
+    pads = range(0, 40, 3)
+    co = CrashOverride(
+        model=script(*(give_up("infinite recursion") for _ in pads)), breaker_threshold=10**6
+    )
+    block = co.handler()
+    assert block.settings is not None  # built now, as a handler used before would have
+
+    @co.handler()
+    def forever(n: int) -> int:
+        with block:
+            return forever(n + 1)
+
+    def padded(depth: int) -> int:
+        return padded(depth - 1) if depth else forever(0)
+
+    for pad in pads:
+        with pytest.raises(RecursionError) as raised:
+            padded(pad)
+        innermost = traceback.extract_tb(raised.value.__traceback__)[-1]
+        ours = innermost.name == "protected" and innermost.line == "return func(*args, **kwargs)"
+        assert innermost.name == "forever" or ours, (pad, innermost)
+
+
 # -- 10. handlers in a loop leave no context entries and no reports behind --------------------
 
 

@@ -124,8 +124,11 @@ so every variable the code after the block needs must hold its intended value wh
 (write it with `caller["name"] = value`)."""
 
 
-def with_block(postcondition: Callable[..., Any] | None, frame: FrameType | None) -> Block:
-    """The block of a ``with`` / ``async with`` statement (``frame`` holds the statement)."""
+def with_block(
+    postcondition: Callable[..., Any] | None, frame: FrameType | None, unit: Unit | None = None
+) -> Block:
+    """The block of a ``with`` / ``async with`` statement (``frame`` holds the statement);
+    ``unit``: the unit of work the block was (ended before its recovery starts)."""
     from crashoverride._placement.frames import CallerLocals
 
     caller = CallerLocals(frame) if frame is not None else None
@@ -136,6 +139,7 @@ def with_block(postcondition: Callable[..., Any] | None, frame: FrameType | None
         caller=caller,
         brief=Brief(WITH_BLOCK_BRIEF),
         check=functools.partial(_check_with, postcondition, caller),
+        unit=unit,
     )
 
 

@@ -276,11 +276,15 @@ def opened_as(opener: object, unit_id: str, journal: Journal) -> None:
     CURRENT.set(Attempt(Unit(unit_id, journal), True, CURRENT.get(), opener))
 
 
-def closed(opener: object) -> None:
-    """That ``with`` ends (after its recovery, if any): back to what ran before it."""
+def closed(opener: object) -> Attempt | None:
+    """That ``with`` ends: back to what ran before it. Returns the attempt it ended (None: it
+    had opened none, or something else took over since — a generator's ``with`` left open,
+    say: then that stays)."""
     attempt = CURRENT.get()
     if attempt is not None and attempt.opener is opener:
         CURRENT.set(attempt.parent)
+        return attempt
+    return None
 
 
 def end(attempt: Attempt) -> None:
