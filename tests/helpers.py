@@ -28,3 +28,24 @@ async def await_for(condition: Callable[[], Any], seconds: float = 20) -> None:
     with anyio.fail_after(seconds):
         while not condition():  # noqa: ASYNC110 (polled: conditions change in other threads)
             await anyio.sleep(0.01)
+
+
+def recurse_to_the_limit(forever: Callable[[int], Any], pads: range) -> list[BaseException]:
+    """Run ``forever(0)`` (a protected function that recurses for ever) under ``pads`` extra
+    frames each time, so its failure surfaces at every depth the limit can cut; assert each
+    RecursionError was raised by the recursion itself (in ``forever``, or at the decorator's
+    call of it), never by crashoverride's own code running out of stack. Returns them."""
+    import traceback
+
+    def padded(depth: int) -> int:
+        return padded(depth - 1) if depth else forever(0)  # type: ignore[no-any-return]
+
+    raised_all = []
+    for pad in pads:
+        with pytest.raises(RecursionError) as raised:
+            padded(pad)
+        innermost = traceback.extract_tb(raised.value.__traceback__)[-1]
+        ours = innermost.name == "protected" and innermost.line == "return func(*args, **kwargs)"
+        assert innermost.name == forever.__name__ or ours, (pad, innermost)
+        raised_all.append(raised.value)
+    return raised_all

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 import weakref
 from typing import Any
 
@@ -23,6 +22,7 @@ from structlog.testing import capture_logs
 
 from crashoverride import CrashOverride
 from crashoverride.testing import Script, done, exec_python, give_up, script
+from tests.helpers import recurse_to_the_limit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -253,18 +253,9 @@ def test_a_failure_at_the_recursion_limit_keeps_its_exception_and_one_note() -> 
     def forever(n: int) -> int:
         return forever(n + 1)
 
-    def padded(depth: int) -> int:
-        return padded(depth - 1) if depth else forever(0)
-
-    for pad in pads:
-        with pytest.raises(RecursionError) as raised:
-            padded(pad)
-        notes = [n for n in getattr(raised.value, "__notes__", ()) if "crashoverride" in n]
-        assert len(notes) == 1, (pad, raised.value.__notes__ if notes else None)
-        # Raised by the recursion itself: in ``forever``, or at the decorator's call of it.
-        innermost = traceback.extract_tb(raised.value.__traceback__)[-1]
-        ours = innermost.line == "return func(*args, **kwargs)"
-        assert innermost.name == "forever" or ours, (pad, innermost)
+    for pad, error in zip(pads, recurse_to_the_limit(forever, pads), strict=True):
+        notes = [n for n in getattr(error, "__notes__", ()) if "crashoverride" in n]
+        assert len(notes) == 1, (pad, getattr(error, "__notes__", None))
 
 
 def test_a_recursion_through_a_with_block_keeps_the_user_s_recursion_error() -> None:
@@ -283,15 +274,7 @@ def test_a_recursion_through_a_with_block_keeps_the_user_s_recursion_error() -> 
         with block:
             return forever(n + 1)
 
-    def padded(depth: int) -> int:
-        return padded(depth - 1) if depth else forever(0)
-
-    for pad in pads:
-        with pytest.raises(RecursionError) as raised:
-            padded(pad)
-        innermost = traceback.extract_tb(raised.value.__traceback__)[-1]
-        ours = innermost.name == "protected" and innermost.line == "return func(*args, **kwargs)"
-        assert innermost.name == "forever" or ours, (pad, innermost)
+    recurse_to_the_limit(forever, pads)
 
 
 # -- 10. handlers in a loop leave no context entries and no reports behind --------------------

@@ -13,7 +13,8 @@ import anyio
 import pytest
 
 from crashoverride import NOT_DONE, ConfigurationError, CrashOverride, EffectUncertain
-from crashoverride.testing import MockServer, done, exec_python, script
+from crashoverride.testing import MockServer, done, exec_python, give_up, script
+from tests.helpers import recurse_to_the_limit
 
 
 def fix_and_rerun(name: str) -> str:
@@ -327,32 +328,19 @@ def test_a_call_new_to_the_journal_runs_without_asking_the_probe() -> None:
 
 
 def test_a_runaway_recursion_through_units_fails_in_the_application_s_code() -> None:
-    # Each protected call opens a unit once effects are declared: where not even that has the
-    # stack, the call goes on without one, and the RecursionError is raised by the recursion
-    # itself (or the decorator's call of it), never by our bookkeeping.
-    import traceback
-
-    from crashoverride.testing import give_up
-
+    # Each protected call and block opens a unit once effects are declared: where not even
+    # that has the stack, it goes on without one, and the RecursionError is the recursion's.
     pads = range(0, 40, 3)
     co = CrashOverride(
         model=script(*(give_up("infinite recursion") for _ in pads)), breaker_threshold=10**6
     )
     co.effect(print)
     block = co.handler()
-    assert block.settings is not None  # built now: a with block's settings are built lazily
+    assert block.settings is not None  # built now, as a handler used before would have
 
     @co.handler()
     def forever(n: int) -> int:
         with block:
             return forever(n + 1)
 
-    def padded(depth: int) -> int:
-        return padded(depth - 1) if depth else forever(0)
-
-    for pad in pads:
-        with pytest.raises(RecursionError) as raised:
-            padded(pad)
-        innermost = traceback.extract_tb(raised.value.__traceback__)[-1]
-        ours = innermost.name == "protected" and innermost.line == "return func(*args, **kwargs)"
-        assert innermost.name == "forever" or ours, (pad, innermost)
+    recurse_to_the_limit(forever, pads)
