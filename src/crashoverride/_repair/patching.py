@@ -8,6 +8,7 @@ variables (closures cannot be re-pointed), and a Python function on both sides.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 import types
@@ -75,6 +76,7 @@ def replace_function(target: Any, new: Any) -> str:
             # keeps its own origin (persisting it must not overwrite the target's definition).
             ORIGINS[replacement] = found
     replaced = target.__code__
+    before = (target.__defaults__, target.__kwdefaults__, target.__doc__)
     # Keep the target's name so tracebacks and reprs still say what the function is.
     target.__code__ = replacement.__code__.replace(
         co_name=target.__code__.co_name, co_qualname=target.__code__.co_qualname
@@ -82,11 +84,30 @@ def replace_function(target: Any, new: Any) -> str:
     target.__defaults__ = replacement.__defaults__
     target.__kwdefaults__ = replacement.__kwdefaults__
     target.__doc__ = replacement.__doc__ or target.__doc__
+    from crashoverride._repair import watch
     from crashoverride._repair.journal import note, supersede
 
     supersede(replaced, target)
+    watch.patched(_name(target), replaced, target.__code__,
+                  functools.partial(_swap_back, target, target.__code__, replaced, before))  # fmt: skip
     note(target, replaced, new if isinstance(new, str) else source_of(replacement))
     return f"{target.__module__}.{target.__qualname__} now runs the new code for every caller."
+
+
+def _name(function: types.FunctionType) -> str:
+    return f"{function.__module__}.{function.__qualname__}"
+
+
+def _swap_back(
+    target: types.FunctionType,
+    new: types.CodeType,
+    old: types.CodeType,
+    before: tuple[Any, Any, str | None],
+) -> None:
+    """Undo a ``replace_function`` (the patch watch's revert), unless the code changed since."""
+    if target.__code__ is new:
+        target.__code__ = old
+        target.__defaults__, target.__kwdefaults__, target.__doc__ = before
 
 
 def rebind_everywhere(old: Any, new: Any) -> list[str]:
@@ -95,6 +116,19 @@ def rebind_everywhere(old: Any, new: Any) -> list[str]:
     Reaches ``from m import f`` copies in loaded modules, but not references held elsewhere
     (lists, dicts, closures, bound methods); prefer ``replace_function`` when it applies.
     """
+    changed = _rebind(old, new)
+    if changed and isinstance(old, types.FunctionType) and isinstance(new, types.FunctionType):
+        from crashoverride._repair import watch
+        from crashoverride._repair.journal import note, supersede
+
+        supersede(old.__code__, old, rebound=True)
+        note(old, old.__code__, source_of(new), new=new.__code__, kind="rebind")
+        # Reverted by rebinding back: never journaled, so the new code is not "superseded".
+        watch.patched(_name(old), old.__code__, new.__code__, functools.partial(_rebind, new, old))
+    return changed
+
+
+def _rebind(old: Any, new: Any) -> list[str]:
     changed: list[str] = []
     for name, module in list(sys.modules.items()):
         namespace = getattr(module, "__dict__", None)
@@ -112,9 +146,4 @@ def rebind_everywhere(old: Any, new: Any) -> list[str]:
                     if member is old:
                         setattr(value, attr, new)
                         changed.append(f"{name}.{key}.{attr}")
-    if changed and isinstance(old, types.FunctionType) and isinstance(new, types.FunctionType):
-        from crashoverride._repair.journal import note, supersede
-
-        supersede(old.__code__, old, rebound=True)
-        note(old, old.__code__, source_of(new), new=new.__code__, kind="rebind")
     return changed
