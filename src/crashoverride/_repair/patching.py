@@ -12,6 +12,7 @@ import functools
 import inspect
 import sys
 import types
+import weakref
 from typing import Any
 
 from crashoverride._diagnose.source import ORIGINS, source_of
@@ -88,8 +89,10 @@ def replace_function(target: Any, new: Any) -> str:
     from crashoverride._repair.journal import note, supersede
 
     supersede(replaced, target)
+    # Weakly: the watch must not keep a short-lived function (a closure) alive.
     watch.patched(_name(target), replaced, target.__code__,
-                  functools.partial(_swap_back, target, target.__code__, replaced, before))  # fmt: skip
+                  functools.partial(_swap_back, weakref.ref(target), target.__code__, replaced,
+                                    before))  # fmt: skip
     note(target, replaced, new if isinstance(new, str) else source_of(replacement))
     return f"{target.__module__}.{target.__qualname__} now runs the new code for every caller."
 
@@ -99,13 +102,14 @@ def _name(function: types.FunctionType) -> str:
 
 
 def _swap_back(
-    target: types.FunctionType,
+    ref: weakref.ref[types.FunctionType],
     new: types.CodeType,
     old: types.CodeType,
     before: tuple[Any, Any, str | None],
 ) -> None:
     """Undo a ``replace_function`` (the patch watch's revert), unless the code changed since."""
-    if target.__code__ is new:
+    target = ref()
+    if target is not None and target.__code__ is new:
         target.__code__ = old
         target.__defaults__, target.__kwdefaults__, target.__doc__ = before
 
@@ -124,8 +128,18 @@ def rebind_everywhere(old: Any, new: Any) -> list[str]:
         supersede(old.__code__, old, rebound=True)
         note(old, old.__code__, source_of(new), new=new.__code__, kind="rebind")
         # Reverted by rebinding back: never journaled, so the new code is not "superseded".
-        watch.patched(_name(old), old.__code__, new.__code__, functools.partial(_rebind, new, old))
+        watch.patched(_name(old), old.__code__, new.__code__,
+                      functools.partial(_rebind_back, weakref.ref(new), weakref.ref(old)))  # fmt: skip
     return changed
+
+
+def _rebind_back(
+    new: weakref.ref[types.FunctionType], old: weakref.ref[types.FunctionType]
+) -> None:
+    """Undo a ``rebind_everywhere`` (the patch watch's revert): the names back to ``old``."""
+    then, now = old(), new()
+    if then is not None and now is not None:
+        _rebind(now, then)
 
 
 def _rebind(old: Any, new: Any) -> list[str]:
