@@ -60,6 +60,16 @@ if TYPE_CHECKING:
     from crashoverride._placement.bridge import Dispatch
 
 
+NOT_VERIFIED = fixed(
+    "not verified: the unit never ran through the changed code (no rerun(), replay_request() "
+    "or single-flight replay) and no postcondition held; the fix runs in this process only"
+)
+
+
+def _has_fix(rec: Recovery) -> bool:
+    return journal.has_changes(rec.id) or recipes.pending(rec.id)
+
+
 class _Lease:
     __slots__ = ("keys", "renewal", "token", "value")
 
@@ -109,12 +119,19 @@ class Fleet:
 
     def report_fields(self, rec: Recovery) -> dict[str, Any]:
         publishes = self.option.key is not None and rec.id in self._leases
+        if publishes and rec.state.verified_by is None and _has_fix(rec):
+            # The agent's word that it worked (set_result, respond, caller[...]) is evidence
+            # enough for this occurrence, not for code every other process would then run.
+            events.emit("warning", events.FIX_WITHHELD, reason=NOT_VERIFIED, **rec.fields())
+            journal.take(rec.id)
+            journal.take_files(rec.id)
+            return {}
         withheld = journal.withhold_secrets(rec.id, rec.redact) if publishes else []
         if withheld:
             events.emit("warning", events.FIX_WITHHELD, targets=[rec.redact(t) for t in withheld],
                       reason=fixed("its new source holds a secret: it runs in this process only"),
                       **rec.fields())  # fmt: skip
-        if publishes and (journal.has_changes(rec.id) or recipes.pending(rec.id)):
+        if publishes and _has_fix(rec):
             return {"fix_record": journal.record_id(rec.id)}
         return {}
 
