@@ -31,14 +31,10 @@ def windowed(value: int) -> int:
 ORIGINAL = convert.__code__
 CODES = {f: f.__code__ for f in (convert, narrow, windowed)}
 # Works for the failing call (rerun() verifies it), and divides by zero for another input.
-FIX = (
-    "replace_function(convert, 'def convert(value):\\n    return 100 // value\\n')\n"
-    "rerun()"
-)
+FIX = "replace_function(convert, 'def convert(value):\\n    return 100 // value\\n')\nrerun()"
 # Works for the failing call and raises the same KeyError as before for most other inputs.
 NARROW_FIX = (
-    "replace_function(narrow, 'def narrow(value):\\n    return {5: 20}[value]\\n')\n"
-    "rerun()"
+    "replace_function(narrow, 'def narrow(value):\\n    return {5: 20}[value]\\n')\nrerun()"
 )
 
 
@@ -111,7 +107,9 @@ def test_a_patch_that_fails_more_often_than_the_old_code_is_reverted() -> None:
 
 
 def test_a_patch_is_watched_only_for_its_window() -> None:
-    model = script(exec_python(FIX.replace("convert", "windowed")), done("patched"), give_up("not mine"))
+    model = script(
+        exec_python(FIX.replace("convert", "windowed")), done("patched"), give_up("not mine")
+    )
     co = CrashOverride(model=model, timeout=30, patch_watch=0.2)
 
     @co.handler()

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from crashoverride._admission.coordination import LEAD, InProcess, Joined
 from crashoverride._config.coordination import RedisCoordination
-from crashoverride._fleet import records
-from crashoverride._fleet.eager import Eager, announce
+from crashoverride._fleet import records, revocation
+from crashoverride._fleet.eager import Eager
 from crashoverride._fleet.link import Link, Unavailable
 from crashoverride._fleet.scripts import (
     ACQUIRE,
@@ -42,6 +42,7 @@ from crashoverride._fleet.scripts import (
     MAX_WAKE,
     OUTCOME_MS,
     RENEW,
+    announce,
     keys_for,
     ms,
     newer,
@@ -50,7 +51,7 @@ from crashoverride._fleet.scripts import (
     token_of,
 )
 from crashoverride._observe import events
-from crashoverride._repair import journal, recipes
+from crashoverride._repair import journal, recipes, watch
 from crashoverride._security.redact import fixed
 
 if TYPE_CHECKING:
@@ -199,6 +200,10 @@ class Fleet:
         elif stored:
             targets = [rec.redact(f"{c['module']}.{c['qualname']}") for c in changes]
             events.emit("info", events.FIX_PUBLISHED, targets=targets, **rec.fields())
+            # Its patches here are watched: reverted, they revoke it; revoked elsewhere, they
+            # are reverted here (so this process listens for revocations from now on).
+            watch.attach(rec.id, revocation.revoker(self.link, stored, record))
+            self.eager.listen()
 
     def abandon(self, rec: Recovery) -> None:
         with self._lock:
@@ -371,6 +376,11 @@ class Fleet:
                 stored, key, rec.code_owner(call), namespace=self.option.namespace,
                 fingerprint=rec.fingerprint, ttl=self.option.record_ttl,
             )  # fmt: skip
+        except records.Revoked as revoked:  # revert what it changed here, recover afresh
+            revocation.heard(revoked.revocation)
+            events.emit("warning", events.FIX_REFUSED, reason=rec.redact(str(revoked)),
+                      **rec.fields())  # fmt: skip
+            return False
         except records.Refused as refusal:
             events.emit("warning", events.FIX_REFUSED, reason=rec.redact(str(refusal)),
                       **rec.fields())  # fmt: skip
@@ -380,6 +390,8 @@ class Fleet:
             self.local.limits.recipes.save(rec.fingerprint, recipe)
         if not changed:
             return False  # this process runs the fix already: it did not help here
+        watch.attach(rec.id, revocation.revoker(self.link, stored, record), tuple(changed))
+        self.eager.listen()
         rec.tag(fix_record=str(record.get("id", "")), model_calls_saved=record.get("turns", 0))
         events.emit("info", events.FIX_APPLIED, targets=[rec.redact(t) for t in changed],
                   not_applied=[rec.redact(n) for n in records.not_applied(record)],

@@ -23,32 +23,20 @@ import asyncio
 import hashlib
 import os
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
-from crashoverride._config.coordination import RedisCoordination
-from crashoverride._fleet import records
+from crashoverride._fleet import records, revocation
 from crashoverride._fleet.link import Link
-from crashoverride._fleet.scripts import ANNOUNCE, ms
+from crashoverride._fleet.scripts import MAX_INDEXED, index_key
 from crashoverride._observe import events
 from crashoverride._placement.bridge import run_job
+from crashoverride._repair import watch
 from crashoverride._security.audit import ToolCallRecord
 from crashoverride._security.redact import clip, fixed, scanned
 
 if TYPE_CHECKING:
     from crashoverride._config.settings import Settings
     from crashoverride._security.gate import Owner
-
-_MAX_INDEXED: Final = 1_000  # records a late process catches up on, newest kept
-
-
-def index_key(namespace: str) -> str:
-    return f"co:{namespace}:fixes"
-
-
-async def announce(client: Any, option: RedisCoordination, fix_key: str) -> None:
-    """After a record is stored: index it (bounded by age and count) and announce it."""
-    index = index_key(option.namespace)
-    await client.eval(ANNOUNCE, 1, index, fix_key, ms(option.record_ttl), _MAX_INDEXED)
 
 
 def check_handler(app: Settings, handler: Settings) -> None:
@@ -93,7 +81,13 @@ class Eager:
 
     def start(self) -> None:
         """Start listening in this process, once (cheap to call on every failure)."""
-        if self.option.apply_fixes != "eager" or self._pid == os.getpid():
+        if self.option.apply_fixes == "eager":
+            self.listen()
+
+    def listen(self) -> None:
+        """Listen in this process, once: for revocations in every mode (a process that runs a
+        fleet fix, published or applied, must hear it revoked), for records when eager."""
+        if self._pid == os.getpid():
             return
         self._pid = os.getpid()
         self.link.background(self._listen)
@@ -132,7 +126,7 @@ class Eager:
         if seen in self._taken:
             return
         self._taken[seen] = None
-        while len(self._taken) > _MAX_INDEXED:
+        while len(self._taken) > MAX_INDEXED:
             self._taken.popitem(last=False)
         await self._take(stored)
 
@@ -140,16 +134,32 @@ class Eager:
         key = self.option.key
         if stored is None or key is None:
             return
+        if self.option.apply_fixes != "eager":  # listening for revocations only
+            try:
+                found = records.verify(stored, key)
+                records.bound(found, namespace=self.option.namespace, fingerprint=None,
+                              ttl=self.option.record_ttl)  # fmt: skip
+            except records.Refused:
+                return  # forged or stale: nothing to act on (eager processes report it)
+            if revocation.is_revocation(found):
+                revocation.heard(found)
+            return
         try:
             record, changed = await records.receive(
                 stored, key, self.owner(), namespace=self.option.namespace, fingerprint=None,
                 ttl=self.option.record_ttl,
             )  # fmt: skip
+        except records.Revoked as revoked:
+            revocation.heard(revoked.revocation)
+            return
         except records.Refused as refusal:
             events.emit("warning", events.FIX_REFUSED, reason=scanned(str(refusal)),
                       fleet_role=EAGER)  # fmt: skip
             return
         if changed:
+            # Watched like a fix made here; the application's window (no handler owns it).
+            watch.arm(None, self.settings.patch_watch,
+                      revocation.revoker(self.link, stored, record))  # fmt: skip
             # No recovery here, so no recovery's redactor: the rules every redactor applies.
             events.emit("info", events.FIX_APPLIED, targets=[scanned(t) for t in changed],
                       fleet_role=EAGER,

@@ -128,8 +128,8 @@ def rebind_everywhere(old: Any, new: Any) -> list[str]:
         supersede(old.__code__, old, rebound=True)
         note(old, old.__code__, source_of(new), new=new.__code__, kind="rebind")
         # Reverted by rebinding back: never journaled, so the new code is not "superseded".
-        watch.patched(_name(old), old.__code__, new.__code__,
-                      functools.partial(_rebind_back, weakref.ref(new), weakref.ref(old)))  # fmt: skip
+        undo = functools.partial(_rebind_back, weakref.ref(new), weakref.ref(old))
+        watch.patched(_name(old), old.__code__, new.__code__, undo)
     return changed
 
 

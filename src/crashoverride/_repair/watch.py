@@ -50,6 +50,7 @@ _MAX_PATCHES: Final = 256  # patches remembered for a revert (a window's or a re
 _MARK: Final = "__crashoverride_watched__"  # an exception is counted once (nested handlers)
 
 Revoke = Callable[[str], None]
+Record = tuple[str, Revoke]  # a fleet record's id and its revocation
 
 
 class _Seen:
@@ -79,7 +80,7 @@ class _Patch:
         self.before = 0
         self.after = 0
         self.new_types: list[str] = []
-        self.record: tuple[str, Revoke] | None = None  # the fleet record: its id, its revocation
+        self.record: Record | None = None  # the fleet record: its id, its revocation
         self.reverted = False
 
 
@@ -111,7 +112,7 @@ def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], N
     return restore
 
 
-def arm(group: str | None, window: float, record: tuple[str, Revoke] | None = None) -> None:
+def arm(group: str | None, window: float, record: Record | None = None) -> None:
     """Watch the patches ``group`` made (a recovery's id; None: an eager fleet apply) for
     ``window`` seconds from now (0: never), with the old code's failures of the same span
     before each patch as the bar. Called as the recovery ends, whatever its outcome."""
@@ -130,10 +131,15 @@ def arm(group: str | None, window: float, record: tuple[str, Revoke] | None = No
         _revert(patch, _why(patch))
 
 
-def attach(group: str, record: tuple[str, Revoke]) -> None:
+def attach(group: str, record: Record, names: tuple[str, ...] = ()) -> None:
     """The patches of recovery ``group`` travel as fleet record ``record`` (published, or
-    applied on failure): a revert revokes it. If they were reverted already, revoke now."""
+    applied on failure): a revert revokes it. If they were reverted already, revoke now.
+    ``names``: the functions the record just changed here, adopted by ``group`` if they were
+    not patched by code marked as its own (the record's code ran where the frame lives)."""
     with _lock:
+        for patch in _patches.values():
+            if patch.group is None and patch.until is None and patch.name in names:
+                patch.group = group
         mine = [p for p in _patches.values() if p.group == group]
         for patch in mine:
             patch.record = record
@@ -229,8 +235,10 @@ def _revert(patch: _Patch, reason: str, *, by: str = "watch") -> None:
 def revoked(record_id: str, reason: str) -> list[str]:
     """The fleet revoked record ``record_id``: revert what it changed here (the names)."""
     with _lock:
-        found = [p for p in _patches.values()
-                 if p.record is not None and p.record[0] == record_id and not p.reverted]  # fmt: skip
+        found = [
+            p for p in _patches.values()
+            if p.record is not None and p.record[0] == record_id and not p.reverted
+        ]  # fmt: skip
     names = [p.name for p in found]
     if found:
         _revert(found[0], reason, by="fleet")
