@@ -3,7 +3,8 @@
 Modules: ``backend`` (single-flight with a lease, breaker, budget, fix records), ``link`` (the
 one connection to Redis, usable from any thread or loop), ``scripts`` (the Redis layout and its
 Lua scripts), ``records`` (signed fix records: made, verified, applied), ``eager``
-(``apply_fixes="eager"``: apply records as they are published).
+(``apply_fixes="eager"``: apply records as they are published; and hear revocations),
+``revocation`` (a reverted fix's record revoked fleet-wide, signed like a record).
 
 May import: ``_errors``, ``_placement``, ``_security``, ``_config``, ``_observe``, ``_repair``,
 ``_admission``; type-only: ``_core.recovery``.
