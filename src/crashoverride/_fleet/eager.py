@@ -14,7 +14,8 @@ code its block runs before the failure it would have judged. Such a handler is r
 is declared (``check_handler``), so every rule in force is one eager application asks.
 
 It runs on the fleet's helper loop, from the first failure or ``warm_up()`` of a process on; a
-forked child starts its own. Redis going away only pauses it (``retry_after``).
+forked child starts its own. Redis going away only pauses it: the link tries again every
+``retry_after`` (``Link.background``), and the outage is reported once, not at every try.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class Eager:
         # index is read arrives twice (index and channel), and one announced again must not
         # be asked about again. Bounded like the index itself.
         self._taken: OrderedDict[bytes, None] = OrderedDict()
+        self._outage = False  # reported, and not listening again since
 
     def start(self) -> None:
         """Start listening in this process, once (cheap to call on every failure)."""
@@ -89,32 +91,36 @@ class Eager:
         fleet fix, published or applied, must hear it revoked), for records when eager."""
         if self._pid == os.getpid():
             return
-        self._pid = os.getpid()
+        self._pid, self._outage = os.getpid(), False
         self.link.background(self._listen)
 
     async def _listen(self, client: Any) -> None:
+        """One subscription, until Redis goes away; the link then calls it again (after
+        ``retry_after``, with its client of the moment), unless it was closed meanwhile."""
         index = index_key(self.option.namespace)
-        while True:
-            pubsub = client.pubsub()
-            try:
-                await pubsub.subscribe(index)
-                for name in await client.zrange(index, 0, -1):
-                    await self._once(client, name)
-                while True:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=30)
-                    if message is not None:
-                        await self._once(client, message["data"])
-            except Exception as problem:  # Redis went away: pause, then subscribe again
+        pubsub = client.pubsub()
+        try:
+            await pubsub.subscribe(index)
+            for name in await client.zrange(index, 0, -1):
+                await self._once(client, name)
+            self._outage = False  # listening again: the next outage is news
+            while True:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=30)
+                if message is not None:
+                    await self._once(client, message["data"])
+        except Exception as problem:  # Redis went away: reported once per outage
+            if not self._outage:
+                self._outage = True
                 events.emit("warning", events.COORDINATION_DEGRADED, fleet_role=EAGER,
                           reason=clip(scanned(f"{type(problem).__name__}: {problem}"), 300),
                           retry_after=self.option.retry_after)  # fmt: skip
-            finally:
-                try:
-                    async with asyncio.timeout(self.option.op_timeout):
-                        await pubsub.aclose()
-                except Exception:  # a dead connection: nothing left to close cleanly
-                    pass
-            await asyncio.sleep(self.option.retry_after)
+            raise
+        finally:
+            try:
+                async with asyncio.timeout(self.option.op_timeout):
+                    await pubsub.aclose()
+            except Exception:  # a dead connection: nothing left to close cleanly
+                pass
 
     async def _once(self, client: Any, name: bytes) -> None:
         stored = await client.get(name)
