@@ -61,6 +61,10 @@ class CrashOverride:
         breaker_threshold: Failed recoveries of one fingerprint that open its breaker...
         breaker_window: ...within this many seconds...
         breaker_cooldown: ...for this many seconds. Meanwhile its recoveries are skipped.
+        patch_watch: Seconds a live patch is watched, and reverted if it makes things worse.
+            A patched function that then fails more often than before, or with an exception
+            type its old code never raised, gets its old code back (fleet-wide: the fix record
+            is revoked). 0: patches are never watched (README, "Live repair").
         tracing: Export SDK traces (tracebacks and locals are sensitive). Off by default.
         on_recovery: Called with every ``RecoveryReport``. Its exceptions are logged, not raised.
         followups: Objectives run in the background after a recovery. Only after recoveries that
@@ -114,6 +118,7 @@ class CrashOverride:
         breaker_threshold: int = 3,
         breaker_window: float = 300.0,
         breaker_cooldown: float = 600.0,
+        patch_watch: float = 300.0,
         tracing: bool = False,
         on_recovery: Callable[[RecoveryReport], Any] | None = None,
         followups: str | Sequence[str] = (),

@@ -36,6 +36,7 @@ APP_TYPES: dict[str, Any] = {
     "breaker_threshold": st.one_of(st.text(), st.integers(max_value=0)),
     "breaker_window": st.one_of(st.text(), st.floats(max_value=0)),
     "breaker_cooldown": st.one_of(st.text(), st.floats(max_value=-0.01)),
+    "patch_watch": st.one_of(st.text(), st.booleans(), st.floats(max_value=-0.01)),
     "tracing": st.one_of(st.integers(), st.text()),
     "on_recovery": st.one_of(st.integers(), st.text(min_size=1)),
     "model": st.one_of(st.integers(), st.just(""), st.lists(st.integers())),
@@ -127,6 +128,7 @@ NUMBER_FIELDS = (
     "concurrency_wait",
     "breaker_window",
     "breaker_cooldown",
+    "patch_watch",
     "followup_timeout",
 )
 

@@ -31,26 +31,35 @@ def free_port() -> int:
 @contextmanager
 def private_redis() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A redis-server of the test's own (its URL and process): a test may kill it."""
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.fail("the fleet tests need `redis-server` on PATH", pytrace=False)
     port = free_port()
     with tempfile.TemporaryDirectory() as workdir:
-        proc = subprocess.Popen(
-            [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", workdir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        proc = start_redis(port, workdir)
         try:
-            deadline = time.monotonic() + 10
-            while not answers("127.0.0.1", port):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"redis-server did not start on port {port}", pytrace=False)
-                time.sleep(0.02)
             yield f"redis://127.0.0.1:{port}/0", proc
         finally:
             proc.kill()
             proc.wait(10)
+
+
+def start_redis(port: int, workdir: str) -> subprocess.Popen[bytes]:
+    """A redis-server on ``port``, without persistence, once it answers (the caller stops it):
+    a test's own, or one started again where a killed one listened."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("the fleet tests need `redis-server` on PATH", pytrace=False)
+    proc = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", workdir],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while not answers("127.0.0.1", port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait(10)
+            pytest.fail(f"redis-server did not start on port {port}", pytrace=False)
+        time.sleep(0.02)
+    return proc
 
 
 @contextmanager

@@ -827,7 +827,7 @@ def _publish_by_hand(url: str, source: str) -> str:
     import asyncio
 
     from crashoverride._fleet import records
-    from crashoverride._fleet.eager import announce
+    from crashoverride._fleet.scripts import announce
     from crashoverride._repair import journal
 
     new: dict[str, Any] = {}
@@ -937,7 +937,7 @@ async def test_an_eager_process_in_diagnose_mode_applies_nothing(url: str) -> No
 def _announce_again(url: str) -> None:
     import asyncio
 
-    from crashoverride._fleet.eager import announce
+    from crashoverride._fleet.scripts import announce
 
     async def again() -> None:
         import redis.asyncio

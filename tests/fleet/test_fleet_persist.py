@@ -65,7 +65,8 @@ class Deployment:
         return CrashOverride(model=model, timeout=20, coordination=fleet, **options)
 
     def job(self, co: CrashOverride) -> Any:
-        @co.handler()
+        # The application's check: a fix answered by set_result() travels only when it holds.
+        @co.handler(postcondition=lambda view: view["result"] == view["args"][0] * 3)
         def job(qty: int) -> int:
             return int(self.module.price(qty))
 

@@ -323,9 +323,8 @@ def _publish_elsewhere(deployment: Deployment, namespace: str) -> None:
     import asyncio
 
     from crashoverride._fleet import records
-    from crashoverride._fleet.eager import announce
     from crashoverride._fleet.link import _aclose
-    from crashoverride._fleet.scripts import keys_for
+    from crashoverride._fleet.scripts import announce, keys_for
     from crashoverride._repair import journal
 
     source = "def transform(value):\n    return value * 7\n"
@@ -353,7 +352,7 @@ def _listening(deployment: Deployment, namespace: str) -> bool:
     """Whether someone subscribed to the namespace's fix channel (on any node of a Cluster)."""
     import redis
 
-    from crashoverride._fleet.eager import index_key
+    from crashoverride._fleet.scripts import index_key
 
     client = deployment.make_sync()
     try:

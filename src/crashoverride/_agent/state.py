@@ -32,6 +32,11 @@ class RunState:
         self.interrupted: BaseException | None = None
         self.result: Any = NO_RESULT
         self.rerun = False
+        # How the block's check verified the repaired code, if it did: "rerun" (the unit ran
+        # again through it), "replay_request", "postcondition" (the application's own check
+        # held). None: the agent's word only (``set_result``, ``respond``, ``caller[...]``);
+        # such a recovery's fix is never published to the fleet.
+        self.verified_by: str | None = None
 
     @property
     def stopped(self) -> bool:

@@ -362,6 +362,9 @@ class Settings:
                            annotation="float")
     breaker_cooldown = Field(600.0, _non_negative, APP, "...for this many seconds.",
                              annotation="float")
+    patch_watch = Field(300.0, _non_negative, APP,
+                        "Seconds a live patch is watched, and reverted if it makes things worse.",
+                        annotation="float")
     tracing = Field(False, _flag, BOTH, "Export SDK traces (tracebacks and locals are sensitive).",
                     annotation="bool")
     on_recovery = Field(None, _hook, APP, "Called with every ``RecoveryReport``.",

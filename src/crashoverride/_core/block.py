@@ -42,7 +42,10 @@ class Block:
             the agent finished: True when recovered; anything else, None included, is not (a
             string is the reason; one rule for every check, ``_security.verdict``). May
             return an awaitable. Required: a block without a check is never "recovered" (the
-            model's last message is not evidence).
+            model's last message is not evidence). It gets the run's state: a check that saw
+            the unit run through the repaired code (a re-run, a replayed request) or judged
+            the application's own postcondition says so in ``state.verified_by``; only such
+            a recovery's fix record is published to the fleet.
         replay: For single-flight waiters: re-run the block once after another recovery of the
             same failure succeeded. Returns the block's value (or an awaitable of it).
         fields: Extra structlog fields (e.g. request method and path).
@@ -143,8 +146,9 @@ def with_block(
     )
 
 
-def _check_with(postcondition: Callable[..., Any] | None, caller: Any, _: RunState) -> Any:
+def _check_with(postcondition: Callable[..., Any] | None, caller: Any, state: RunState) -> Any:
     if postcondition is not None:
+        state.verified_by = "postcondition"  # counts only if it holds (the verdict)
         return judge(lambda: postcondition(caller), what="the postcondition")
     if caller is None or not caller.writes:
         return NO_EVIDENCE_WITH
@@ -212,8 +216,11 @@ def _check_call(
 ) -> Any:
     def accept(value: Any) -> Any:
         state.result = value
+        if state.rerun:
+            state.verified_by = "rerun"  # the call ran again through the repaired code
         if postcondition is None:
             return True
+        state.verified_by = state.verified_by or "postcondition"
         view = result_view(value, args, kwargs)
         return judge(lambda: postcondition(view), what="the postcondition")
 

@@ -60,6 +60,11 @@ def _start(
     if seen(exc, app):
         return None  # already through a recovery of this CrashOverride: let it pass, unchanged
     mark(exc, app)
+    from crashoverride._repair import watch
+
+    # First: a live patch this failure shows worse is reverted before anything is decided,
+    # so this failure is recovered afresh, against the old code (never replayed through it).
+    watch.observe(exc)
     try:
         rec = Recovery(settings, app._limits(), exc, block, app._run_followup)
     except Exception as problem:

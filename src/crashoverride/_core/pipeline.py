@@ -38,7 +38,7 @@ from crashoverride._placement.bridge import Dispatch, Job, Placement
 # verification call, say) and never starts or waits for another.
 from crashoverride._placement.inside import INSIDE
 from crashoverride._placement.owner_thread import drive
-from crashoverride._repair import journal, recipes
+from crashoverride._repair import journal, recipes, watch
 from crashoverride._security.verdict import judge, reason
 
 _LEADER_LOST = "the concurrent recovery of this failure did not recover it"
@@ -259,6 +259,7 @@ async def _replay(rec: Recovery, call: Dispatch) -> Decision | None:
         value = await call(replay)
     except Exception as again:
         events.emit("info", events.REPLAY_FAILED, error=rec.redact(repr(again)), **rec.fields())
+        watch.observe(again)  # a failure of the repaired code, as if its own handler saw it
         return None
     return rec.replayed(value)
 

@@ -333,7 +333,11 @@ class Recovery:
         self.release()
 
     def release(self) -> None:
-        """Drop frames, tracebacks and the exception: a server must not leak per recovery."""
+        """Drop frames, tracebacks and the exception: a server must not leak per recovery.
+        Its live patches, if any, are watched from here on (``_repair.watch``)."""
+        from crashoverride._repair import watch
+
+        watch.arm(self.id, self.settings.patch_watch)
         drop_references(self)
         self.exc = None
         # The editor holds ``self.fields`` (a bound method): a cycle that left every finished

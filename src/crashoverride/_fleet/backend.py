@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from crashoverride._admission.coordination import LEAD, InProcess, Joined
 from crashoverride._config.coordination import RedisCoordination
-from crashoverride._fleet import records
-from crashoverride._fleet.eager import Eager, announce
+from crashoverride._fleet import records, revocation
+from crashoverride._fleet.eager import Eager
 from crashoverride._fleet.link import Link, Unavailable
 from crashoverride._fleet.scripts import (
     ACQUIRE,
@@ -42,6 +42,7 @@ from crashoverride._fleet.scripts import (
     MAX_WAKE,
     OUTCOME_MS,
     RENEW,
+    announce,
     keys_for,
     ms,
     newer,
@@ -50,7 +51,7 @@ from crashoverride._fleet.scripts import (
     token_of,
 )
 from crashoverride._observe import events
-from crashoverride._repair import journal, recipes
+from crashoverride._repair import journal, recipes, watch
 from crashoverride._security.redact import fixed
 
 if TYPE_CHECKING:
@@ -58,6 +59,16 @@ if TYPE_CHECKING:
     from crashoverride._config.settings import Settings
     from crashoverride._core.recovery import Decision, Recovery
     from crashoverride._placement.bridge import Dispatch
+
+
+NOT_VERIFIED = fixed(
+    "not verified: the unit never ran through the changed code (no rerun(), replay_request() "
+    "or single-flight replay) and no postcondition held; the fix runs in this process only"
+)
+
+
+def _has_fix(rec: Recovery) -> bool:
+    return journal.has_changes(rec.id) or recipes.pending(rec.id)
 
 
 class _Lease:
@@ -109,12 +120,19 @@ class Fleet:
 
     def report_fields(self, rec: Recovery) -> dict[str, Any]:
         publishes = self.option.key is not None and rec.id in self._leases
+        if publishes and rec.state.verified_by is None and _has_fix(rec):
+            # The agent's word that it worked (set_result, respond, caller[...]) is evidence
+            # enough for this occurrence, not for code every other process would then run.
+            events.emit("warning", events.FIX_WITHHELD, reason=NOT_VERIFIED, **rec.fields())
+            journal.take(rec.id)
+            journal.take_files(rec.id)
+            return {}
         withheld = journal.withhold_secrets(rec.id, rec.redact) if publishes else []
         if withheld:
             events.emit("warning", events.FIX_WITHHELD, targets=[rec.redact(t) for t in withheld],
                       reason=fixed("its new source holds a secret: it runs in this process only"),
                       **rec.fields())  # fmt: skip
-        if publishes and (journal.has_changes(rec.id) or recipes.pending(rec.id)):
+        if publishes and _has_fix(rec):
             return {"fix_record": journal.record_id(rec.id)}
         return {}
 
@@ -182,6 +200,10 @@ class Fleet:
         elif stored:
             targets = [rec.redact(f"{c['module']}.{c['qualname']}") for c in changes]
             events.emit("info", events.FIX_PUBLISHED, targets=targets, **rec.fields())
+            # Its patches here are watched: reverted, they revoke it; revoked elsewhere, they
+            # are reverted here (so this process listens for revocations from now on).
+            watch.attach(rec.id, revocation.revoker(self.link, stored, record))
+            self.eager.listen()
 
     def abandon(self, rec: Recovery) -> None:
         with self._lock:
@@ -354,6 +376,11 @@ class Fleet:
                 stored, key, rec.code_owner(call), namespace=self.option.namespace,
                 fingerprint=rec.fingerprint, ttl=self.option.record_ttl,
             )  # fmt: skip
+        except records.Revoked as revoked:  # revert what it changed here, recover afresh
+            revocation.heard(revoked.revocation)
+            events.emit("warning", events.FIX_REFUSED, reason=rec.redact(str(revoked)),
+                      **rec.fields())  # fmt: skip
+            return False
         except records.Refused as refusal:
             events.emit("warning", events.FIX_REFUSED, reason=rec.redact(str(refusal)),
                       **rec.fields())  # fmt: skip
@@ -363,6 +390,8 @@ class Fleet:
             self.local.limits.recipes.save(rec.fingerprint, recipe)
         if not changed:
             return False  # this process runs the fix already: it did not help here
+        watch.attach(rec.id, revocation.revoker(self.link, stored, record), tuple(changed))
+        self.eager.listen()
         rec.tag(fix_record=str(record.get("id", "")), model_calls_saved=record.get("turns", 0))
         events.emit("info", events.FIX_APPLIED, targets=[rec.redact(t) for t in changed],
                   not_applied=[rec.redact(n) for n in records.not_applied(record)],

@@ -14,7 +14,8 @@ code its block runs before the failure it would have judged. Such a handler is r
 is declared (``check_handler``), so every rule in force is one eager application asks.
 
 It runs on the fleet's helper loop, from the first failure or ``warm_up()`` of a process on; a
-forked child starts its own. Redis going away only pauses it (``retry_after``).
+forked child starts its own. Redis going away only pauses it: the link tries again every
+``retry_after`` (``Link.background``), and the outage is reported once, not at every try.
 """
 
 from __future__ import annotations
@@ -23,32 +24,20 @@ import asyncio
 import hashlib
 import os
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
-from crashoverride._config.coordination import RedisCoordination
-from crashoverride._fleet import records
+from crashoverride._fleet import records, revocation
 from crashoverride._fleet.link import Link
-from crashoverride._fleet.scripts import ANNOUNCE, ms
+from crashoverride._fleet.scripts import MAX_INDEXED, index_key
 from crashoverride._observe import events
 from crashoverride._placement.bridge import run_job
+from crashoverride._repair import watch
 from crashoverride._security.audit import ToolCallRecord
 from crashoverride._security.redact import clip, fixed, scanned
 
 if TYPE_CHECKING:
     from crashoverride._config.settings import Settings
     from crashoverride._security.gate import Owner
-
-_MAX_INDEXED: Final = 1_000  # records a late process catches up on, newest kept
-
-
-def index_key(namespace: str) -> str:
-    return f"co:{namespace}:fixes"
-
-
-async def announce(client: Any, option: RedisCoordination, fix_key: str) -> None:
-    """After a record is stored: index it (bounded by age and count) and announce it."""
-    index = index_key(option.namespace)
-    await client.eval(ANNOUNCE, 1, index, fix_key, ms(option.record_ttl), _MAX_INDEXED)
 
 
 def check_handler(app: Settings, handler: Settings) -> None:
@@ -90,37 +79,48 @@ class Eager:
         # index is read arrives twice (index and channel), and one announced again must not
         # be asked about again. Bounded like the index itself.
         self._taken: OrderedDict[bytes, None] = OrderedDict()
+        self._outage = False  # reported, and not listening again since
 
     def start(self) -> None:
         """Start listening in this process, once (cheap to call on every failure)."""
-        if self.option.apply_fixes != "eager" or self._pid == os.getpid():
+        if self.option.apply_fixes == "eager":
+            self.listen()
+
+    def listen(self) -> None:
+        """Listen in this process, once: for revocations in every mode (a process that runs a
+        fleet fix, published or applied, must hear it revoked), for records when eager."""
+        if self._pid == os.getpid():
             return
-        self._pid = os.getpid()
+        self._pid, self._outage = os.getpid(), False
         self.link.background(self._listen)
 
     async def _listen(self, client: Any) -> None:
+        """One subscription, until Redis goes away; the link then calls it again (after
+        ``retry_after``, with its client of the moment), unless it was closed meanwhile."""
         index = index_key(self.option.namespace)
-        while True:
-            pubsub = client.pubsub()
-            try:
-                await pubsub.subscribe(index)
-                for name in await client.zrange(index, 0, -1):
-                    await self._once(client, name)
-                while True:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=30)
-                    if message is not None:
-                        await self._once(client, message["data"])
-            except Exception as problem:  # Redis went away: pause, then subscribe again
+        pubsub = client.pubsub()
+        try:
+            await pubsub.subscribe(index)
+            for name in await client.zrange(index, 0, -1):
+                await self._once(client, name)
+            self._outage = False  # listening again: the next outage is news
+            while True:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=30)
+                if message is not None:
+                    await self._once(client, message["data"])
+        except Exception as problem:  # Redis went away: reported once per outage
+            if not self._outage:
+                self._outage = True
                 events.emit("warning", events.COORDINATION_DEGRADED, fleet_role=EAGER,
                           reason=clip(scanned(f"{type(problem).__name__}: {problem}"), 300),
                           retry_after=self.option.retry_after)  # fmt: skip
-            finally:
-                try:
-                    async with asyncio.timeout(self.option.op_timeout):
-                        await pubsub.aclose()
-                except Exception:  # a dead connection: nothing left to close cleanly
-                    pass
-            await asyncio.sleep(self.option.retry_after)
+            raise
+        finally:
+            try:
+                async with asyncio.timeout(self.option.op_timeout):
+                    await pubsub.aclose()
+            except Exception:  # a dead connection: nothing left to close cleanly
+                pass
 
     async def _once(self, client: Any, name: bytes) -> None:
         stored = await client.get(name)
@@ -132,7 +132,7 @@ class Eager:
         if seen in self._taken:
             return
         self._taken[seen] = None
-        while len(self._taken) > _MAX_INDEXED:
+        while len(self._taken) > MAX_INDEXED:
             self._taken.popitem(last=False)
         await self._take(stored)
 
@@ -140,16 +140,32 @@ class Eager:
         key = self.option.key
         if stored is None or key is None:
             return
+        if self.option.apply_fixes != "eager":  # listening for revocations only
+            try:
+                found = records.verify(stored, key)
+                records.bound(found, namespace=self.option.namespace, fingerprint=None,
+                              ttl=self.option.record_ttl)  # fmt: skip
+            except records.Refused:
+                return  # forged or stale: nothing to act on (eager processes report it)
+            if revocation.is_revocation(found):
+                revocation.heard(found)
+            return
         try:
             record, changed = await records.receive(
                 stored, key, self.owner(), namespace=self.option.namespace, fingerprint=None,
                 ttl=self.option.record_ttl,
             )  # fmt: skip
+        except records.Revoked as revoked:
+            revocation.heard(revoked.revocation)
+            return
         except records.Refused as refusal:
             events.emit("warning", events.FIX_REFUSED, reason=scanned(str(refusal)),
                       fleet_role=EAGER)  # fmt: skip
             return
         if changed:
+            # Watched like a fix made here; the application's window (no handler owns it).
+            watch.arm(None, self.settings.patch_watch,
+                      revocation.revoker(self.link, stored, record))  # fmt: skip
             # No recovery here, so no recovery's redactor: the rules every redactor applies.
             events.emit("info", events.FIX_APPLIED, targets=[scanned(t) for t in changed],
                       fleet_role=EAGER,

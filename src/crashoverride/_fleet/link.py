@@ -17,6 +17,13 @@ renewed, a waiter, a release fired on the way out) would leave a connection open
 owns. Every operation is therefore known to the link (``_track``), and ``close`` detaches the
 client first (later operations open a new one), stops the operations that may run for long,
 lets the others end, and only then closes it.
+
+Stopping takes more than one ``cancel()``: redis-py loses a cancellation that arrives as one
+of its commands completes (on Python 3.11, ``asyncio.wait_for``, which it uses to send each
+command, returns the result then instead of raising), and the operation goes on as if never
+stopped. So ``close`` cancels again until each has ended; and a background operation (the
+listener) is retried by the link, never by itself: never after a close, never on the closed
+client.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ Future = concurrent.futures.Future
 # A process's connection attempt may take this many op_timeouts, in the background: the
 # recovery that started it waits one op_timeout at most, then goes on in-process.
 CONNECT_FACTOR = 5
+# How often ``close`` cancels again an operation that is still running (a cancellation lost).
+_RECANCEL = 0.05
 Operation = Callable[[Any], Awaitable[T]]
 
 
@@ -82,6 +91,7 @@ class Link:
         # The operations running on the helper loop (this pid's): whether each may run for
         # long (a subscriber, a lease renewal, a wait bounded only by its caller).
         self._ops: tuple[int, dict[asyncio.Task[Any], bool]] = (0, {})
+        self._closes = 0  # how many times it was closed: a background operation ends with one
         weakref.finalize(self, _close_later, self._client)
 
     def _track(self, *, unbounded: bool) -> None:
@@ -123,6 +133,9 @@ class Link:
             # ClusterPubSub fails on a client that has not sent a command yet).
             async with asyncio.timeout(CONNECT_FACTOR * self.option.op_timeout):
                 await client.ping()
+            if self._connecting is None or self._connecting[1] is not asyncio.current_task():
+                # Detached by ``close`` meanwhile, its cancellation lost: not the link's client.
+                raise Unavailable("the link was closed while connecting")
         except BaseException:  # cleanup and re-raise: never leave a socket behind
             await asyncio.shield(_aclose(client))
             raise
@@ -145,37 +158,41 @@ class Link:
         run for long, let the rest end (each within its bound), then close the client, which
         nothing holds any more."""
         mine = os.getpid()
+        self._closes += 1  # background operations started before now end, and are not retried
         pid, client = self._client
         self._client[:] = [0, None]  # from here on, an operation opens a client of its own
         pending, self._connecting = self._connecting, None
         ops_pid, ops = self._ops
         running = list(ops.items()) if ops_pid == mine else []
-        for task, unbounded in running:
-            if unbounded:
-                task.cancel()
-        waits = [task for task, _ in running]
+        stop = [task for task, unbounded in running if unbounded]
+        waits = {task for task, _ in running}
         if pending is not None and pending[0] == mine:
-            pending[1].cancel()  # the attempt closes its own client as it ends
-            waits.append(pending[1])
-        if waits:
-            await asyncio.wait(waits)
+            stop.append(pending[1])  # the attempt closes its own client as it ends
+            waits.add(pending[1])
+        while waits:
+            for task in stop:
+                task.cancel()  # again while it runs: redis-py may have lost the last one
+            _, waits = await asyncio.wait(waits, timeout=_RECANCEL)
+            stop = [task for task in stop if task in waits]
         if client is not None and pid == mine:
             await _aclose(client)
 
     def background(self, operation: Operation[Any]) -> None:
-        """Run ``operation`` on the helper loop until ``close`` (a subscriber); while Redis
-        cannot be reached, try again every ``retry_after``."""
+        """Run ``operation`` on the helper loop until ``close`` (a subscriber). When it
+        raises (Redis went away) or Redis cannot be reached, try again every
+        ``retry_after``, with the link's client of the moment; after a ``close``, never."""
 
         async def main() -> None:
             self._track(unbounded=True)
-            while True:
+            closes = self._closes
+            while self._closes == closes:
                 try:
-                    client = await self._connected(self._attempt())
+                    await operation(await self._connected(self._attempt()))
+                    return
                 except Exception:  # not reachable now: the subscriber waits, as recoveries do
-                    await asyncio.sleep(self.option.retry_after)
-                    continue
-                await operation(client)
-                return
+                    if self._closes != closes:
+                        return  # closed meanwhile (a cancellation redis-py made an error)
+                await asyncio.sleep(self.option.retry_after)
 
         # In a context of its own: it outlives the caller, and must not carry the caller's
         # context variables (under trio, sniffio's says "trio", and an async approver the

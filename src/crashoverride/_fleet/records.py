@@ -20,8 +20,10 @@ import hashlib
 import hmac
 import json
 import sys
+import threading
 import time
 import types
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Final
 
 from crashoverride._repair.journal import digest, record_id, take_files
@@ -41,6 +43,32 @@ _HOW: Final = {
 
 class Refused(Exception):
     """A record that must not be applied here; the message says why."""
+
+
+class Revoked(Refused):
+    """What was stored is a verified revocation (``_fleet.revocation``), not a record."""
+
+    def __init__(self, revocation: dict[str, Any]) -> None:
+        super().__init__(f"fix record {revocation['revokes']} was revoked")
+        self.revocation = revocation
+
+
+_revoked: OrderedDict[str, None] = OrderedDict()  # record ids this process saw revoked
+_revoked_lock = threading.Lock()
+_MAX_REVOKED: Final = 1_000
+
+
+def remember_revoked(record_id: str) -> None:
+    """Never apply record ``record_id`` here again (it was revoked: by us, or heard of)."""
+    with _revoked_lock:
+        _revoked[record_id] = None
+        while len(_revoked) > _MAX_REVOKED:
+            _revoked.popitem(last=False)
+
+
+def was_revoked(record_id: object) -> bool:
+    with _revoked_lock:
+        return isinstance(record_id, str) and record_id in _revoked
 
 
 def make(
@@ -187,6 +215,12 @@ async def receive(
 
     record = verify(stored, key)
     bound(record, namespace=namespace, fingerprint=fingerprint, ttl=ttl)
+    if isinstance(record.get("revokes"), str):
+        raise Revoked(record)
+    if was_revoked(record.get("id")):
+        # Even if Redis says otherwise (not written yet, or restored by someone without the
+        # key): a revocation this process saw stands.
+        raise Refused(f"fix record {record.get('id')} was revoked; it is never applied again here")
     todo = check(record)
     if not record["targets"] and not record.get("recipe") and record.get("files"):
         raise Refused(

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from crashoverride._config.coordination import RedisCoordination
 
 # KEYS: lease, fence. ARGV: holder, lease ms. -> {1, token} or {0, "token|holder" held}
 ACQUIRE: Final = """
@@ -74,6 +77,15 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PUBLISH', KEYS[1], ARGV[1])
 return 1
 """
+# KEYS: fix. ARGV: the record revoked (as stored), the signed revocation, record ms. The record
+# is replaced by its revocation, unless a newer record took its place meanwhile.
+REVOKE: Final = """
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+"""
+MAX_INDEXED: Final = 1_000  # records a late process catches up on, newest kept
 OUTCOME_MS: Final = 60_000  # an outcome only matters to the waiters of its episode
 MAX_WAKE: Final = 1.0  # a waiter re-checks the lease at least this often (no hot polling)
 
@@ -121,3 +133,14 @@ def token_of(held: Any) -> int | None:
     except (TypeError, ValueError):
         return None
     return token if token > 0 else None
+
+
+def index_key(namespace: str) -> str:
+    return f"co:{namespace}:fixes"
+
+
+async def announce(client: Any, option: RedisCoordination, fix_key: str) -> None:
+    """After a record (or its revocation) is stored: index it (bounded by age and count) and
+    announce it."""
+    index = index_key(option.namespace)
+    await client.eval(ANNOUNCE, 1, index, fix_key, ms(option.record_ttl), MAX_INDEXED)

@@ -35,6 +35,8 @@ OBSERVER_FAILED: Final = fixed("recovery.observer_failed")
 # A ledger sink (RedisStreamLedger) could not store a report.
 LEDGER_FAILED: Final = fixed("ledger.write_failed")
 SOURCE_CHANGED: Final = fixed("recovery.source_changed")
+# A live patch made things worse (``patch_watch``, ``_repair.watch``): the old code is back.
+PATCH_REVERTED: Final = fixed("recovery.patch_reverted")
 WARM_UP_FAILED: Final = fixed("recovery.warm_up_failed")
 
 # Fleet coordination (RedisCoordination). Degraded: Redis did not answer in time; this process

@@ -33,6 +33,7 @@ import anyio.from_thread
 import anyio.lowlevel
 
 from crashoverride._placement.deadline import Deadline
+from crashoverride._placement.inside import INSIDE
 
 T = TypeVar("T")
 Job = Callable[[], object]  # agent code, a check, a replay: run as the owner of the frame
@@ -281,7 +282,9 @@ class Hop(Placement):
             with anyio.CancelScope() as scope:
                 active.add(scope)
                 try:
-                    return await dispatch(lambda: context.run(job))
+                    # The recovery that runs it (``inside``, set by ``dispatch``) into the
+                    # captured context too: the change journal and the patch watch read it.
+                    return await dispatch(lambda: context.run(_marked, INSIDE.get(), job))
                 finally:
                     active.discard(scope)
             raise RuntimeError("the recovery was cancelled while this code ran")
@@ -304,6 +307,14 @@ class Hop(Placement):
                 for running in list(active):
                     running.cancel()
         return worker.done.result()  # type: ignore[no-any-return]
+
+
+def _marked(recovery: str | None, job: Job) -> object:
+    token = INSIDE.set(recovery)
+    try:
+        return job()
+    finally:
+        INSIDE.reset(token)
 
 
 def placement() -> Placement:

@@ -8,9 +8,11 @@ variables (closures cannot be re-pointed), and a Python function on both sides.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 import types
+import weakref
 from typing import Any
 
 from crashoverride._diagnose.source import ORIGINS, source_of
@@ -75,6 +77,7 @@ def replace_function(target: Any, new: Any) -> str:
             # keeps its own origin (persisting it must not overwrite the target's definition).
             ORIGINS[replacement] = found
     replaced = target.__code__
+    before = (target.__defaults__, target.__kwdefaults__, target.__doc__)
     # Keep the target's name so tracebacks and reprs still say what the function is.
     target.__code__ = replacement.__code__.replace(
         co_name=target.__code__.co_name, co_qualname=target.__code__.co_qualname
@@ -82,11 +85,33 @@ def replace_function(target: Any, new: Any) -> str:
     target.__defaults__ = replacement.__defaults__
     target.__kwdefaults__ = replacement.__kwdefaults__
     target.__doc__ = replacement.__doc__ or target.__doc__
+    from crashoverride._repair import watch
     from crashoverride._repair.journal import note, supersede
 
     supersede(replaced, target)
+    # Weakly: the watch must not keep a short-lived function (a closure) alive.
+    watch.patched(_name(target), replaced, target.__code__,
+                  functools.partial(_swap_back, weakref.ref(target), target.__code__, replaced,
+                                    before))  # fmt: skip
     note(target, replaced, new if isinstance(new, str) else source_of(replacement))
     return f"{target.__module__}.{target.__qualname__} now runs the new code for every caller."
+
+
+def _name(function: types.FunctionType) -> str:
+    return f"{function.__module__}.{function.__qualname__}"
+
+
+def _swap_back(
+    ref: weakref.ref[types.FunctionType],
+    new: types.CodeType,
+    old: types.CodeType,
+    before: tuple[Any, Any, str | None],
+) -> None:
+    """Undo a ``replace_function`` (the patch watch's revert), unless the code changed since."""
+    target = ref()
+    if target is not None and target.__code__ is new:
+        target.__code__ = old
+        target.__defaults__, target.__kwdefaults__, target.__doc__ = before
 
 
 def rebind_everywhere(old: Any, new: Any) -> list[str]:
@@ -95,6 +120,29 @@ def rebind_everywhere(old: Any, new: Any) -> list[str]:
     Reaches ``from m import f`` copies in loaded modules, but not references held elsewhere
     (lists, dicts, closures, bound methods); prefer ``replace_function`` when it applies.
     """
+    changed = _rebind(old, new)
+    if changed and isinstance(old, types.FunctionType) and isinstance(new, types.FunctionType):
+        from crashoverride._repair import watch
+        from crashoverride._repair.journal import note, supersede
+
+        supersede(old.__code__, old, rebound=True)
+        note(old, old.__code__, source_of(new), new=new.__code__, kind="rebind")
+        # Reverted by rebinding back: never journaled, so the new code is not "superseded".
+        undo = functools.partial(_rebind_back, weakref.ref(new), weakref.ref(old))
+        watch.patched(_name(old), old.__code__, new.__code__, undo)
+    return changed
+
+
+def _rebind_back(
+    new: weakref.ref[types.FunctionType], old: weakref.ref[types.FunctionType]
+) -> None:
+    """Undo a ``rebind_everywhere`` (the patch watch's revert): the names back to ``old``."""
+    then, now = old(), new()
+    if then is not None and now is not None:
+        _rebind(now, then)
+
+
+def _rebind(old: Any, new: Any) -> list[str]:
     changed: list[str] = []
     for name, module in list(sys.modules.items()):
         namespace = getattr(module, "__dict__", None)
@@ -112,9 +160,4 @@ def rebind_everywhere(old: Any, new: Any) -> list[str]:
                     if member is old:
                         setattr(value, attr, new)
                         changed.append(f"{name}.{key}.{attr}")
-    if changed and isinstance(old, types.FunctionType) and isinstance(new, types.FunctionType):
-        from crashoverride._repair.journal import note, supersede
-
-        supersede(old.__code__, old, rebound=True)
-        note(old, old.__code__, source_of(new), new=new.__code__, kind="rebind")
     return changed

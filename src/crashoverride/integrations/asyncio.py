@@ -212,6 +212,7 @@ def _coroutine_block(
         state.result = chosen["value"]
         if postcondition is None:
             return True
+        state.verified_by = "postcondition"  # the application's check: a fix may travel
         view = integration.result_view(state.result)
         return integration.judge(lambda: postcondition(view), what="the postcondition")
 

@@ -289,8 +289,11 @@ class StreamRepair(RequestRecovery):
             "and verify it with `await replay_request()`"
         )
 
-    def check(self, _: Any) -> bool | str:
-        return True if self.response is not None else NOT_VERIFIED
+    def check(self, state: Any) -> bool | str:
+        if self.response is None:
+            return NOT_VERIFIED
+        state.verified_by = "replay_request"  # only a replay below 500 sets a response here
+        return True
 
     def brief(self) -> integration.Brief:
         info = self.info

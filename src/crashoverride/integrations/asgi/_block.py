@@ -185,6 +185,7 @@ class RequestRecovery:
         self.exchange = exchange
         self.runner = runner
         self.response: CapturedResponse | None = None
+        self.replayed: CapturedResponse | None = None  # the last replay's response
         self.info = RequestInfo(exchange, is_secret)
         self.fields = request_fields(exchange, request_id_header)
         settle_body(exchange)
@@ -195,7 +196,7 @@ class RequestRecovery:
     async def replay_request(self) -> CapturedResponse:
         """Run the request again through the (repaired) app; the response becomes the answer."""
         response = await replay(self.app, self.exchange)
-        self.response = response
+        self.response = self.replayed = response
         return response
 
     def respond(
@@ -216,8 +217,12 @@ class RequestRecovery:
         """Single-flight: another request's recovery of this failure succeeded; try again."""
         return await replay(self.app, self.exchange)
 
-    def check(self, _: Any) -> bool | str:
-        return True if self.response is not None else NO_RESPONSE
+    def check(self, state: Any) -> bool | str:
+        if self.response is None:
+            return NO_RESPONSE
+        if self.response is self.replayed and self.replayed.status < 500:
+            state.verified_by = "replay_request"  # the request ran through the repaired app
+        return True
 
     def spawn_unavailable(self, fn: Any, name: str | None = None) -> str:
         if hasattr(fn, "close"):
