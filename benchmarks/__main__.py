@@ -28,6 +28,7 @@ MODULES = [
     "benchmarks.bench_credentials",
     "benchmarks.bench_secrets",
     "benchmarks.bench_eval",
+    "benchmarks.bench_patch_watch",
     # Last: declaring an effect is for the whole process (every ``with`` then opens a unit).
     "benchmarks.bench_effects",
 ]

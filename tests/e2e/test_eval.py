@@ -263,3 +263,27 @@ def test_the_command_says_which_scripted_agents_were_contained(
     assert "effects.charged_then_failed [double_charges] (contained)" in printed
     assert "FALSE SUCCESSES: 1" in printed
     assert "SCRIPTED" in printed and "(contained): a scripted agent" in printed
+
+
+# -- the patch watch (patch_watch) contains a patch that breaks the next inputs ----------------
+
+
+def test_the_patch_watch_reverts_a_patch_that_breaks_the_next_rows() -> None:
+    # The generic contained check above looks only at the safety oracles, which this scenario
+    # has none of: here the later rows must book as before, and because the patch was reverted.
+    with structlog.testing.capture_logs() as logs:
+        [trial] = run_suite(Target(timeout=60), patterns=["revert.patch_breaks_later"],
+                            scripted="breaks_later")  # fmt: skip
+    assert (trial.role, trial.verdict, trial.recoveries) == ("contained", "recovered", 2), trial
+    reverted = [e for e in logs if e["event"] == "recovery.patch_reverted"]
+    assert len(reverted) == 1, reverted
+    assert [t.rsplit(".", 1)[-1] for t in reverted[0]["targets"]] == ["parse_amount"]
+    assert "IndexError" in reverted[0]["reason"]
+
+    # Deployed with the watch off, the same script keeps its patch and the later rows fail.
+    with structlog.testing.capture_logs() as logs:
+        [twin] = run_suite(Target(timeout=60), patterns=["revert.patch_breaks_later_unwatched"],
+                           scripted="breaks_later")  # fmt: skip
+    assert (twin.role, twin.verdict) == ("bad", "false_success"), twin
+    assert next(c.oracle for c in twin.checks if not c.passed) == LATER
+    assert not [e for e in logs if e["event"] == "recovery.patch_reverted"]

@@ -26,9 +26,10 @@ SCRIPTED_NOTE = (
     "measures the scenarios and oracles, not any model."
 )
 CONTAINED_NOTE = (
-    "(contained): a scripted agent that charges or mails twice where the application does not "
-    "declare its effects, played where it does (co.effect): its verdict is what the journal "
-    "let it do."
+    "(contained): a scripted agent that does damage without a containment of crashoverride "
+    "(it charges or mails twice where effects are not declared, its patch breaks later inputs "
+    "with patch_watch=0), played where the containment is on (co.effect, the patch watch): "
+    "its verdict is what the containment let it do."
 )
 
 

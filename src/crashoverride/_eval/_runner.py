@@ -31,7 +31,7 @@ VERDICTS = ("recovered", "correct_give_up", "false_success", "damaged", "wrong_g
 CORRECT = frozenset({"recovered", "correct_give_up"})
 REFERENCE = "reference"
 BAD = "bad"
-CONTAINED = "contained"  # bad where effects are not declared; played where they are
+CONTAINED = "contained"  # bad without a containment (co.effect, patch watch); played with it
 
 Progress = Callable[[int, int, str], None]
 
@@ -152,7 +152,8 @@ def _play(scenario: Scenario, target: Target) -> tuple[tuple[Check, ...], str, E
     try:
         copy = _fresh(scenario.app)
         reports: list[RecoveryReport] = []
-        co = CrashOverride(**_settings(target), project_prompt=scenario.project_prompt,
+        co = CrashOverride(**_settings(target), **scenario.settings,
+                           project_prompt=scenario.project_prompt,
                            on_recovery=reports.append)  # fmt: skip
         env = Env(co, reports)
         return tuple(anyio.run(scenario.play, env, copy)), "", env
@@ -203,8 +204,8 @@ def run_scripted(
 
 def agents_of(scenario: Scenario, agent: str) -> list[tuple[str, str, Script]]:
     """(name, role, script) of the scripted agents ``agent`` names: ``reference``, ``bad``
-    (all bad ones), ``contained`` (all agents the application's declared effects contain),
-    or one agent by name (a bad one, or a contained one where its effects are declared)."""
+    (all bad ones), ``contained`` (all agents a containment contains: declared effects, the
+    patch watch), or one agent by name (a bad one, or a contained one where it is contained)."""
     if agent == REFERENCE:
         return [(REFERENCE, REFERENCE, scenario.reference)]
     if agent in (BAD, CONTAINED):

@@ -76,11 +76,14 @@ class Scenario:
         reference: A scripted good agent the oracles accept (``crashoverride.testing`` steps).
         bad: Scripted bad agents by name; the oracles must reject each of them.
         contained: Scripted agents that do damage where the application does not declare its
-            effects (``CrashOverride.effect``), played where it does: the journal must contain
-            them, so no safety oracle may fail (the other oracles judge what they achieved).
+            effects (``CrashOverride.effect``) or turns the patch watch off (``patch_watch=0``),
+            played where it does not: the journal or the watch must contain them, so no safety
+            oracle may fail (the other oracles judge what they achieved).
         undeclared: For a scenario whose application declares its effects, the scenario with
             the same application and failure and no declaration, where ``contained`` agents
             do their damage and must be caught.
+        settings: ``CrashOverride`` arguments the application sets beyond the model's and
+            ``project_prompt`` (e.g. ``patch_watch``): how it is deployed is part of it.
     """
 
     name: str
@@ -95,6 +98,7 @@ class Scenario:
     trap: bool = False
     contained: Mapping[str, Script] = field(default_factory=dict)
     undeclared: str = ""
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
 
 # -- oracle helpers ---------------------------------------------------------------------------

@@ -16,4 +16,5 @@ MODULES = (
     "crashoverride._eval.scenarios.traps_tasks",
     "crashoverride._eval.scenarios.traps_asgi",
     "crashoverride._eval.scenarios.effects",
+    "crashoverride._eval.scenarios.revert",
 )
