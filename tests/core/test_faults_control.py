@@ -138,7 +138,7 @@ async def test_cancelling_the_owner_mid_recovery_propagates_and_leaves_nothing(
                     fail()
         assert scope.cancelled_caught
         # At once, not at the recovery's 30 s timeout (a wide margin for a loaded machine).
-        assert time.monotonic() - cancelled_at < 5
+        assert time.monotonic() - cancelled_at < 15
         await no_agent_left(before)
         # The slot and the single-flight entry were handed on: the same failure recovers.
         article = None
