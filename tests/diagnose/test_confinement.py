@@ -304,7 +304,7 @@ def test_the_snapshot_cannot_requeue_the_waiters_of_the_process(shared: dict[str
 
     thread = threading.Thread(target=waiter, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # a bound against hanging, not a figure
     while not waiting or not _in_system_call(waiting[0], 202):
         assert thread.is_alive() and time.monotonic() < deadline
         time.sleep(0.01)
