@@ -39,6 +39,8 @@ def _fields() -> list[Any]:
 def _default(value: object) -> str:
     if isinstance(value, type):
         return f"`{value.__name__}`"
+    if isinstance(value, str):
+        return f"`\"{value}\"`"
     return f"`{value!r}`"
 
 
