@@ -40,7 +40,7 @@ def _default(value: object) -> str:
     if isinstance(value, type):
         return f"`{value.__name__}`"
     if isinstance(value, str):
-        return f"`\"{value}\"`"
+        return f'`"{value}"`'
     return f"`{value!r}`"
 
 
@@ -50,6 +50,7 @@ def _rst_to_md(text: str) -> str:
 
 
 def _cell(text: str) -> str:
+    # Python-Markdown's tables split on a pipe outside backticks only: code spans keep theirs.
     return text.replace("|", "\\|")
 
 
@@ -70,7 +71,7 @@ def crashoverride_arguments() -> str:
         else:
             per_handler = "adds to"
         rows.append(
-            f"| `{field.name}` | {_default(field.default)} | `{_cell(field.annotation)}` "
+            f"| `{field.name}` | {_default(field.default)} | `{field.annotation}` "
             f"| {per_handler} | {_cell(_rst_to_md(field.doc))} |"
         )
     return "\n".join(rows) + "\n"
@@ -94,7 +95,7 @@ def handler_arguments() -> str:
             relation, default = "added to it, without duplicates", "`()`"
         names = ", ".join(f"`{name}`" for name in (field.name, *field.aliases))
         rows.append(
-            f"| {names} | {default} | `{_cell(field.annotation)}` | {relation} "
+            f"| {names} | {default} | `{field.annotation}` | {relation} "
             f"| {_cell(_rst_to_md(field.doc))} |"
         )
     return "\n".join(rows) + "\n"

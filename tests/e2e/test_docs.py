@@ -580,7 +580,8 @@ def _table(markdown: str) -> dict[str, list[str]]:
     """A generated table: the first cell's names, each with the row's cells."""
     rows: dict[str, list[str]] = {}
     for line in markdown.splitlines()[2:]:
-        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+        # A pipe inside a code span (``str | None``) is no cell separator.
+        cells = [cell.strip() for cell in re.findall(r"(?:`[^`]*`|[^|`])+", line.strip())]
         for name in re.findall(r"`([a-z_]+)`", cells[0]):
             rows[name] = cells
     return rows
@@ -607,7 +608,7 @@ def test_the_generated_arguments_are_the_settings_table_in_order_with_defaults()
     assert list(rows) == [field.name for field in arguments]
     for field in arguments:
         assert _default_of(rows[field.name][1]) == field.default, field.name
-        assert rows[field.name][2] == f"`{field.annotation}`".replace("|", "\\|")
+        assert rows[field.name][2] == f"`{field.annotation}`"
     # The signature is the same table (tests/config/test_settings_table.py holds it there).
     assert list(inspect.signature(CrashOverride).parameters) == [f.name for f in arguments]
 
