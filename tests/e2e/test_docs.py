@@ -529,7 +529,7 @@ def test_every_marker_sits_right_before_a_python_block(page: Path) -> None:
     lines = page.read_text().splitlines()
     for number, line in enumerate(lines):
         assert "readme-test:" not in line, f"{page}:{number + 1}: the marker is docs-test now"
-        if MARKER.search(line):
+        if MARKER.fullmatch(line.strip()):  # a marker is a line of its own
             assert lines[number + 1].strip() == "```python", f"{page}:{number + 1}: {line}"
     fragments = [b for b in _blocks(page) if (b.marker or "").startswith("fragment:")]
     assert len(fragments) <= 2, f"{page}: fragments must stay rare: make the examples runnable"
