@@ -413,9 +413,16 @@ async def test_other_scopes_pass_straight_through(anyio_backend: str) -> None:
         seen.append((scope, receive, send))
 
     middleware = CrashOverrideMiddleware(app, crash_override=CrashOverride())
-    scope, receive, send = {"type": "websocket", "path": "/ws"}, object(), object()
+    scope, receive, send = {"type": "webtransport", "path": "/wt"}, object(), object()
     await middleware(scope, receive, send)  # type: ignore[arg-type]
     assert seen == [(scope, receive, send)]
+    # Websockets, when told not to recover them, or when their path is excluded.
+    for options in ({"websockets": False}, {"exclude": ["/ws"]}):
+        seen.clear()
+        middleware = CrashOverrideMiddleware(app, crash_override=CrashOverride(), **options)
+        scope = {"type": "websocket", "path": "/ws"}
+        await middleware(scope, receive, send)  # type: ignore[arg-type]
+        assert seen == [(scope, receive, send)]
 
 
 def test_importing_the_middleware_does_not_import_the_sdk() -> None:

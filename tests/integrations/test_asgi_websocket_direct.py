@@ -1,0 +1,151 @@
+"""Websocket recovery per message with the middleware called directly, on asyncio and trio.
+
+uvicorn runs on asyncio only, so on trio the middleware is driven the way a server drives it:
+a scope, and ``receive`` / ``send`` over memory channels. Each message is a unit of work: the
+replay of a failed one finds the declared effects (``CrashOverride.effect``) its failed
+handling made; a later message making the same call makes it again.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
+
+from crashoverride import CrashOverride
+from crashoverride.integrations.asgi import CrashOverrideMiddleware
+from crashoverride.testing import done, exec_python, give_up, script
+
+pytestmark = pytest.mark.anyio
+
+STATE = {"broken": True}
+
+
+@pytest.fixture(autouse=True)
+def broken() -> None:
+    STATE["broken"] = True
+
+
+def ship(order: int) -> str:
+    if STATE["broken"]:
+        raise ConnectionError("the shipping service is down")
+    return f"shipped {order}"
+
+
+class Shop:
+    """A websocket endpoint that charges (a declared effect), then ships, per message."""
+
+    def __init__(self, co: CrashOverride) -> None:
+        self.charges: list[int] = []
+
+        def charge(order: int) -> str:
+            self.charges.append(order)
+            return f"ch_{order}_{len(self.charges)}"
+
+        self.charge = co.effect(charge)
+
+    async def orders(self, websocket: WebSocket) -> None:
+        await websocket.accept()
+        while True:
+            order = int(await websocket.receive_text())
+            receipt = self.charge(order)
+            await websocket.send_json({"receipt": receipt, "shipped": ship(order)})
+
+    def app(self, co: CrashOverride) -> Starlette:
+        return Starlette(
+            routes=[WebSocketRoute("/orders", self.orders)],
+            middleware=[Middleware(CrashOverrideMiddleware, crash_override=co, warm_up=False)],
+        )
+
+
+class Client:
+    """The server's side of one websocket connection, over memory channels."""
+
+    def __init__(self) -> None:
+        self.to_app, self._app_in = anyio.create_memory_object_stream[dict[str, Any]](10)
+        self._app_out, self.from_app = anyio.create_memory_object_stream[dict[str, Any]](10)
+
+    async def receive(self) -> dict[str, Any]:
+        return await self._app_in.receive()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self._app_out.send(message)
+
+    async def next(self) -> dict[str, Any]:
+        with anyio.fail_after(60):
+            return await self.from_app.receive()
+
+    def scope(self) -> dict[str, Any]:
+        return {
+            "type": "websocket", "asgi": {"version": "3.0"}, "scheme": "ws", "path": "/orders",
+            "raw_path": b"/orders", "root_path": "", "query_string": b"", "headers": [],
+            "client": ("127.0.0.1", 50000), "server": ("app.test", 80), "subprotocols": [],
+        }  # fmt: skip
+
+
+async def _run(app: Any, client: Client, outcome: list[BaseException | None]) -> None:
+    try:
+        await app(client.scope(), client.receive, client.send)
+    except Exception as exc:
+        outcome.append(exc)
+    else:
+        outcome.append(None)
+
+
+async def test_the_replay_finds_the_failed_handlings_charge_and_later_messages_charge_again(
+    anyio_backend: str,
+) -> None:
+    model = script(
+        exec_python("STATE['broken'] = False\nr = await replay_message()\nr"),
+        done("the shipping service is back; replayed"),
+    )
+    co = CrashOverride(model=model)
+    shop = Shop(co)
+    client = Client()
+    outcome: list[BaseException | None] = []
+    async with anyio.create_task_group() as group:
+        group.start_soon(_run, shop.app(co), client, outcome)
+        await client.to_app.send({"type": "websocket.connect"})
+        assert (await client.next())["type"] == "websocket.accept"
+        await client.to_app.send({"type": "websocket.receive", "text": "7"})
+        reply = await client.next()
+        # The failed handling's charge was found, not made again: one charge, its receipt.
+        assert json.loads(reply["text"]) == {"receipt": "ch_7_1", "shipped": "shipped 7"}
+        assert shop.charges == [7]
+        # A later message is a unit of its own: the same charge is a new one.
+        await client.to_app.send({"type": "websocket.receive", "text": "7"})
+        again = await client.next()
+        assert json.loads(again["text"]) == {"receipt": "ch_7_2", "shipped": "shipped 7"}
+        await client.to_app.send({"type": "websocket.disconnect", "code": 1000})
+    assert shop.charges == [7, 7]
+    assert model.remaining_steps == 0
+    # The endpoint ends on Starlette's WebSocketDisconnect; the client had left: not recovered.
+    [raised] = outcome
+    assert type(raised).__name__ == "WebSocketDisconnect"
+
+
+async def test_given_up_the_exception_leaves_the_middleware_as_it_was_raised(
+    anyio_backend: str,
+) -> None:
+    model = script(give_up("the shipping service is down"))
+    co = CrashOverride(model=model)
+    shop = Shop(co)
+    client = Client()
+    outcome: list[BaseException | None] = []
+    async with anyio.create_task_group() as group:
+        group.start_soon(_run, shop.app(co), client, outcome)
+        await client.to_app.send({"type": "websocket.connect"})
+        assert (await client.next())["type"] == "websocket.accept"
+        await client.to_app.send({"type": "websocket.receive", "text": "7"})
+    [raised] = outcome
+    assert isinstance(raised, ConnectionError)
+    assert any("gave up" in note for note in raised.__notes__)
+    assert shop.charges == [7]
+    with pytest.raises(anyio.WouldBlock):  # nothing was sent after the accept: no close either
+        client.from_app.receive_nowait()
