@@ -71,6 +71,13 @@ class Client:
         self.to_app, self._app_in = anyio.create_memory_object_stream[dict[str, Any]](10)
         self._app_out, self.from_app = anyio.create_memory_object_stream[dict[str, Any]](10)
 
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for stream in (self.to_app, self._app_in, self._app_out, self.from_app):
+            stream.close()
+
     async def receive(self) -> dict[str, Any]:
         return await self._app_in.receive()
 
@@ -107,22 +114,22 @@ async def test_the_replay_finds_the_failed_handlings_charge_and_later_messages_c
     )
     co = CrashOverride(model=model)
     shop = Shop(co)
-    client = Client()
     outcome: list[BaseException | None] = []
-    async with anyio.create_task_group() as group:
-        group.start_soon(_run, shop.app(co), client, outcome)
-        await client.to_app.send({"type": "websocket.connect"})
-        assert (await client.next())["type"] == "websocket.accept"
-        await client.to_app.send({"type": "websocket.receive", "text": "7"})
-        reply = await client.next()
-        # The failed handling's charge was found, not made again: one charge, its receipt.
-        assert json.loads(reply["text"]) == {"receipt": "ch_7_1", "shipped": "shipped 7"}
-        assert shop.charges == [7]
-        # A later message is a unit of its own: the same charge is a new one.
-        await client.to_app.send({"type": "websocket.receive", "text": "7"})
-        again = await client.next()
-        assert json.loads(again["text"]) == {"receipt": "ch_7_2", "shipped": "shipped 7"}
-        await client.to_app.send({"type": "websocket.disconnect", "code": 1000})
+    with Client() as client:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_run, shop.app(co), client, outcome)
+            await client.to_app.send({"type": "websocket.connect"})
+            assert (await client.next())["type"] == "websocket.accept"
+            await client.to_app.send({"type": "websocket.receive", "text": "7"})
+            reply = await client.next()
+            # The failed handling's charge was found, not made again: one charge, its receipt.
+            assert json.loads(reply["text"]) == {"receipt": "ch_7_1", "shipped": "shipped 7"}
+            assert shop.charges == [7]
+            # A later message is a unit of its own: the same charge is a new one.
+            await client.to_app.send({"type": "websocket.receive", "text": "7"})
+            again = await client.next()
+            assert json.loads(again["text"]) == {"receipt": "ch_7_2", "shipped": "shipped 7"}
+            await client.to_app.send({"type": "websocket.disconnect", "code": 1000})
     assert shop.charges == [7, 7]
     assert model.remaining_steps == 0
     # The endpoint ends on Starlette's WebSocketDisconnect; the client had left: not recovered.
@@ -136,16 +143,16 @@ async def test_given_up_the_exception_leaves_the_middleware_as_it_was_raised(
     model = script(give_up("the shipping service is down"))
     co = CrashOverride(model=model)
     shop = Shop(co)
-    client = Client()
     outcome: list[BaseException | None] = []
-    async with anyio.create_task_group() as group:
-        group.start_soon(_run, shop.app(co), client, outcome)
-        await client.to_app.send({"type": "websocket.connect"})
-        assert (await client.next())["type"] == "websocket.accept"
-        await client.to_app.send({"type": "websocket.receive", "text": "7"})
+    with Client() as client:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_run, shop.app(co), client, outcome)
+            await client.to_app.send({"type": "websocket.connect"})
+            assert (await client.next())["type"] == "websocket.accept"
+            await client.to_app.send({"type": "websocket.receive", "text": "7"})
+        with pytest.raises(anyio.WouldBlock):  # nothing was sent after the accept, no close
+            client.from_app.receive_nowait()
     [raised] = outcome
     assert isinstance(raised, ConnectionError)
     assert any("gave up" in note for note in raised.__notes__)
     assert shop.charges == [7]
-    with pytest.raises(anyio.WouldBlock):  # nothing was sent after the accept: no close either
-        client.from_app.receive_nowait()
