@@ -156,3 +156,37 @@ async def test_given_up_the_exception_leaves_the_middleware_as_it_was_raised(
     assert isinstance(raised, ConnectionError)
     assert any("gave up" in note for note in raised.__notes__)
     assert shop.charges == [7]
+
+
+async def test_a_restarted_endpoint_whose_setup_fails_is_not_recovered(anyio_backend: str) -> None:
+    # The agent answers the failed message itself; the endpoint is started again for the next
+    # messages, and its setup now fails: no message is being handled, so nothing is replayed.
+    runs: list[int] = []
+
+    async def endpoint(websocket: WebSocket) -> None:
+        await websocket.accept()
+        runs.append(len(runs))
+        if len(runs) > 1:
+            raise LookupError("the session store is gone")
+        await websocket.receive_text()
+        raise ConnectionError("the shipping service is down")
+
+    model = script(exec_python("send_json({'answer': 1})"), done("answered"))
+    co = CrashOverride(model=model)
+    app = Starlette(
+        routes=[WebSocketRoute("/orders", endpoint)],
+        middleware=[Middleware(CrashOverrideMiddleware, crash_override=co, warm_up=False)],
+    )
+    outcome: list[BaseException | None] = []
+    with Client() as client:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_run, app, client, outcome)
+            await client.to_app.send({"type": "websocket.connect"})
+            assert (await client.next())["type"] == "websocket.accept"
+            await client.to_app.send({"type": "websocket.receive", "text": "7"})
+            assert json.loads((await client.next())["text"]) == {"answer": 1}
+    [raised] = outcome
+    assert isinstance(raised, LookupError)
+    assert any("no message was being handled" in note for note in raised.__notes__)
+    assert runs == [0, 1]
+    assert model.remaining_steps == 0

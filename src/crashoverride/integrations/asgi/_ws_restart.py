@@ -55,6 +55,7 @@ class Instance:
         self.captured: list[Message] = []
         self.captured_size = 0
         self.dropped = 0  # what the setup sent again, swallowed
+        self.taken = 0  # messages it received live: a failure before the first is its setup's
         self.error: Exception | None = None
         self.error_unit: Any = None  # the unit of work the error was raised in
         self.ended = False
@@ -123,6 +124,7 @@ class Instance:
         await self._release.wait()
         message = await self.conn.take()
         if message["type"] == RECEIVE:
+            self.taken += 1
             self._unit = next_unit(self._unit, self.handler)
         return message
 

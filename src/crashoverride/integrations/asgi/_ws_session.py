@@ -26,7 +26,12 @@ import anyio.abc
 
 from crashoverride import Handler, integration
 from crashoverride.integrations.asgi._exchange import ASGIApp, outranking
-from crashoverride.integrations.asgi._websocket import DISCONNECT, Connection, unrecoverable
+from crashoverride.integrations.asgi._websocket import (
+    DISCONNECT,
+    NO_MESSAGE,
+    Connection,
+    unrecoverable,
+)
 from crashoverride.integrations.asgi._ws_restart import Instance
 
 Outcome = Instance | BaseException | None
@@ -70,6 +75,8 @@ class Session:
                     break  # the endpoint ended the connection (or the client left) normally
                 exc, unit = outcome.error, outcome.error_unit
                 reason = unrecoverable(self.conn, exc, self.handler.settings.catch)
+                if reason is None and not outcome.taken:
+                    reason = NO_MESSAGE  # its setup failed: the last message was handled
                 if reason is not None:
                     if reason:
                         integration.skip(self.handler, exc, reason, kind="message",
