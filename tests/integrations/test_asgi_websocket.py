@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 
@@ -55,8 +55,9 @@ def _closed(ws: ClientConnection) -> tuple[int | None, str | None]:
     return (rcvd.code, rcvd.reason) if rcvd is not None else (None, None)
 
 
+@pytest.mark.parametrize("flavour", ["starlette", "fastapi"])
 def test_a_repaired_message_is_replayed_and_the_connection_goes_on(
-    logs: list[dict[str, Any]],
+    flavour: str, logs: list[dict[str, Any]]
 ) -> None:
     model = script(
         exec_python("message, connection"),
@@ -64,7 +65,8 @@ def test_a_repaired_message_is_replayed_and_the_connection_goes_on(
         exec_python(REPLAY),
         done("read_price reads 'cost' now; the message was handled again"),
     )
-    app = websocket_apps.app(crash_override=CrashOverride(model=model), prompt="Real prices.")
+    build = websocket_apps.app if flavour == "starlette" else websocket_apps.fastapi_app
+    app = build(crash_override=CrashOverride(model=model), prompt="Real prices.")
     with serve(app) as server, ws_connect(_url(server, "/prices?token=hunter2")) as ws:
         assert ws.recv(timeout=30) == "welcome"
         ws.send("apple")
@@ -103,21 +105,23 @@ def test_a_reply_of_the_agent_is_sent_and_the_endpoint_restarts_for_the_next_mes
     assert model.remaining_steps == 0
 
 
-def _conversation(
-    app: Any, messages: list[str], **config: Any
-) -> tuple[list[Any], tuple[Any, Any]]:
+def _conversation(app: Any, path: str, messages: list[str]) -> tuple[list[Any], Any]:
+    """What a client received, and how the connection ended (close code and reason, or the
+    handshake's refusal)."""
     received: list[Any] = []
-    with serve(app, **config) as server, ws_connect(_url(server, "/prices")) as ws:
-        received.append(ws.recv(timeout=30))
-        for text in messages:
-            ws.send(text)
+    with serve(app) as server:
         try:
-            while True:
-                received.append(ws.recv(timeout=30))
+            with ws_connect(_url(server, path)) as ws:
+                for text in messages:
+                    ws.send(text)
+                while True:
+                    received.append(ws.recv(timeout=30))
         except ConnectionClosed as closed:
             rcvd = closed.rcvd
-            code = (rcvd.code, rcvd.reason) if rcvd is not None else (None, None)
-    return received, code
+            return received, (rcvd.code, rcvd.reason) if rcvd is not None else (None, None)
+        except InvalidStatus as refused:
+            return received, ("refused", refused.response.status_code)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _errors(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str, str]]:
@@ -134,26 +138,37 @@ def _errors(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str, str]]:
 CLOSED_ON_ERROR = (None, None)
 
 
-def test_not_recovered_the_client_sees_what_it_sees_without_crashoverride(
-    caplog: pytest.LogCaptureFixture, logs: list[dict[str, Any]]
+@pytest.mark.parametrize(
+    ("path", "messages", "expected", "errors"),
+    [
+        # Given up: the exception leaves the app as it was raised.
+        ("/prices", ["apple", "pear"], (["welcome"], CLOSED_ON_ERROR), 1),
+        ("/prices", ["bye"], (["welcome"], (4000, "bye")), 0),  # no failure at all
+        ("/after-close", ["hi"], ([], (4001, "")), 1),  # failed after its close: skipped
+        ("/before-accept", [], ([], ("refused", 500)), 1),  # failed in the handshake: skipped
+    ],
+)
+def test_not_recovered_the_client_and_the_log_see_what_they_see_without_crashoverride(
+    path: str,
+    messages: list[str],
+    expected: tuple[list[Any], Any],
+    errors: int,
+    caplog: pytest.LogCaptureFixture,
+    logs: list[dict[str, Any]],
 ) -> None:
-    messages = ["apple", "pear"]
     with caplog.at_level(logging.INFO):
-        plain = _conversation(websocket_apps.app(), messages)
+        plain = _conversation(websocket_apps.app(), path, messages)
     without = _errors(caplog)
     caplog.clear()
     model = script(give_up("no price field I can trust"))
     with caplog.at_level(logging.INFO):
-        protected = _conversation(
-            websocket_apps.app(crash_override=CrashOverride(model=model)), messages
-        )
-    assert protected == plain
-    assert plain == (["welcome"], CLOSED_ON_ERROR)
+        app = websocket_apps.app(crash_override=CrashOverride(model=model))
+        protected = _conversation(app, path, messages)
+    assert protected == plain == expected
     assert _errors(caplog) == without
-    assert [e[1] for e in without] == ["Exception in ASGI application\n"]
-    assert model.remaining_steps == 0
-    [failed] = named(logs, "recovery.failed")
-    assert failed["path"] == "/prices"
+    assert [e[1] for e in without] == ["Exception in ASGI application\n"] * errors
+    # The give-up case did run a recovery; the others had nothing to recover.
+    assert len(named(logs, "recovery.failed")) == (expected[1] == CLOSED_ON_ERROR)
 
 
 def test_a_later_failure_of_the_restarted_endpoint_is_recovered_or_ends_the_connection(

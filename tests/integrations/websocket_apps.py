@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from fastapi import FastAPI
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import WebSocketRoute
@@ -66,3 +67,13 @@ def app(**options: Any) -> Starlette:
     """The endpoints behind ``CrashOverrideMiddleware``; no options: without it."""
     middleware = [Middleware(CrashOverrideMiddleware, **options)] if options else []
     return Starlette(routes=ROUTES, middleware=middleware)
+
+
+def fastapi_app(**options: Any) -> FastAPI:
+    """The same endpoints in a FastAPI app."""
+    app = FastAPI()
+    for route in ROUTES:
+        app.add_api_websocket_route(route.path, route.endpoint)
+    if options:
+        app.add_middleware(CrashOverrideMiddleware, **options)
+    return app
