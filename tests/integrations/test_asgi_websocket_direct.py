@@ -190,3 +190,56 @@ async def test_a_restarted_endpoint_whose_setup_fails_is_not_recovered(anyio_bac
     assert any("no message was being handled" in note for note in raised.__notes__)
     assert runs == [0, 1]
     assert model.remaining_steps == 0
+
+
+FAILED = {"count": 0}
+
+
+async def both_failed() -> None:
+    """Agent code awaits this: both connections' handlings have failed before the repair."""
+    with anyio.fail_after(30):
+        while FAILED["count"] < 2:  # noqa: ASYNC110 - counted by the endpoints
+            await anyio.sleep(0.01)
+
+
+async def test_two_connections_failing_alike_share_one_recovery(anyio_backend: str) -> None:
+    FAILED["count"] = 0
+
+    async def endpoint(websocket: WebSocket) -> None:
+        await websocket.accept()
+        while True:
+            order = int(await websocket.receive_text())
+            try:
+                shipped = ship(order)
+            except ConnectionError:
+                FAILED["count"] += 1
+                raise
+            await websocket.send_json({"shipped": shipped})
+
+    model = script(
+        exec_python("await both_failed()\nSTATE['broken'] = False\nr = await replay_message()"),
+        done("the shipping service is back; replayed"),
+    )
+    co = CrashOverride(model=model)
+    app = Starlette(
+        routes=[WebSocketRoute("/orders", endpoint)],
+        middleware=[Middleware(CrashOverrideMiddleware, crash_override=co, warm_up=False)],
+    )
+    outcomes: list[BaseException | None] = []
+    with Client() as first, Client() as second:
+        async with anyio.create_task_group() as group:
+            for number, client in enumerate((first, second), 1):
+                group.start_soon(_run, app, client, outcomes)
+                await client.to_app.send({"type": "websocket.connect"})
+                assert (await client.next())["type"] == "websocket.accept"
+                await client.to_app.send({"type": "websocket.receive", "text": str(number)})
+            # The waiter replays its own message through the repaired code, and goes on.
+            for number, client in enumerate((first, second), 1):
+                reply = json.loads((await client.next())["text"])
+                assert reply == {"shipped": f"shipped {number}"}
+                await client.to_app.send({"type": "websocket.receive", "text": "9"})
+                assert json.loads((await client.next())["text"]) == {"shipped": "shipped 9"}
+                await client.to_app.send({"type": "websocket.disconnect", "code": 1000})
+    assert model.remaining_steps == 0
+    assert len(model.calls) == 2  # one agent run of two turns: the second connection waited
+    assert [type(o).__name__ for o in outcomes] == ["WebSocketDisconnect"] * 2
