@@ -361,6 +361,8 @@ async def test_the_request_budget_bounds_a_stuck_recovery(anyio_backend: str) ->
         ({"tools": "not tools"}, "tools"),
         ({"name": 7}, "name"),
         ({"followups": [""]}, "followups"),
+        ({"websockets": "yes"}, "websockets"),
+        ({"max_message": -1}, "max_message"),
     ],
 )
 def test_invalid_options_fail_at_construction(options: dict[str, Any], argument: str) -> None:
