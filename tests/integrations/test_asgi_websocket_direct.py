@@ -21,6 +21,7 @@ from starlette.websockets import WebSocket
 from crashoverride import CrashOverride
 from crashoverride.integrations.asgi import CrashOverrideMiddleware
 from crashoverride.testing import done, exec_python, give_up, script
+from tests.integrations.asgi_support import first_input
 
 pytestmark = pytest.mark.anyio
 
@@ -243,3 +244,68 @@ async def test_two_connections_failing_alike_share_one_recovery(anyio_backend: s
     assert model.remaining_steps == 0
     assert len(model.calls) == 2  # one agent run of two turns: the second connection waited
     assert [type(o).__name__ for o in outcomes] == ["WebSocketDisconnect"] * 2
+
+
+SENT_MEANWHILE = {"done": False}
+
+
+async def client_sent_again() -> None:
+    """Agent code awaits this: the client sent its next message during the recovery."""
+    with anyio.fail_after(30):
+        while not SENT_MEANWHILE["done"]:  # noqa: ASYNC110 - set by the test
+            await anyio.sleep(0.01)
+
+
+async def test_a_message_sent_during_the_recovery_is_held_for_the_restarted_endpoint(
+    anyio_backend: str,
+) -> None:
+    SENT_MEANWHILE["done"] = False
+    model = script(
+        exec_python("await client_sent_again()\nSTATE['broken'] = False\nawait replay_message()"),
+        done("replayed"),
+    )
+    co = CrashOverride(model=model)
+    shop = Shop(co)
+    outcome: list[BaseException | None] = []
+    with Client() as client:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_run, shop.app(co), client, outcome)
+            await client.to_app.send({"type": "websocket.connect"})
+            assert (await client.next())["type"] == "websocket.accept"
+            await client.to_app.send({"type": "websocket.receive", "text": "1"})
+            await client.to_app.send({"type": "websocket.receive", "text": "2"})
+            SENT_MEANWHILE["done"] = True
+            first, second = await client.next(), await client.next()
+            await client.to_app.send({"type": "websocket.disconnect", "code": 1000})
+    assert json.loads(first["text"])["shipped"] == "shipped 1"
+    assert json.loads(second["text"])["shipped"] == "shipped 2"
+    assert shop.charges == [1, 2]
+
+
+async def test_a_message_too_large_to_keep_can_only_be_answered(anyio_backend: str) -> None:
+    model = script(
+        exec_python(
+            "try:\n    await replay_message()\nexcept Exception as error:\n"
+            "    refused = type(error).__name__\nsend_json({'refused': refused})"
+        ),
+        done("answered"),
+    )
+    co = CrashOverride(model=model)
+    shop = Shop(co)
+    app = Starlette(
+        routes=[WebSocketRoute("/orders", shop.orders)],
+        middleware=[Middleware(CrashOverrideMiddleware, crash_override=co, warm_up=False,
+                               max_message=2)],
+    )  # fmt: skip
+    outcome: list[BaseException | None] = []
+    with Client() as client:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_run, app, client, outcome)
+            await client.to_app.send({"type": "websocket.connect"})
+            assert (await client.next())["type"] == "websocket.accept"
+            await client.to_app.send({"type": "websocket.receive", "text": "123"})
+            reply = json.loads((await client.next())["text"])
+            await client.to_app.send({"type": "websocket.disconnect", "code": 1000})
+    assert reply == {"refused": "NotReplayable"}
+    assert shop.charges == [123]
+    assert "NOT replayable" in first_input(model)
