@@ -309,3 +309,32 @@ async def test_a_message_too_large_to_keep_can_only_be_answered(anyio_backend: s
     assert reply == {"refused": "NotReplayable"}
     assert shop.charges == [123]
     assert "NOT replayable" in first_input(model)
+
+
+async def test_an_error_of_the_servers_channel_is_not_the_apps_to_recover(
+    anyio_backend: str,
+) -> None:
+    STATE["broken"] = False
+    model = script()
+    co = CrashOverride(model=model)
+    shop = Shop(co)
+    outcome: list[BaseException | None] = []
+
+    class Gone(Client):
+        async def send(self, message: dict[str, Any]) -> None:
+            if message["type"] == "websocket.send":
+                raise OSError("the client went away")
+            await super().send(message)
+
+    with Gone() as client:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_run, shop.app(co), client, outcome)
+            await client.to_app.send({"type": "websocket.connect"})
+            assert (await client.next())["type"] == "websocket.accept"
+            await client.to_app.send({"type": "websocket.receive", "text": "5"})
+    [raised] = outcome
+    # Starlette turns the server's OSError into a disconnect: the app did not fail.
+    assert type(raised).__name__ == "WebSocketDisconnect"
+    assert isinstance(raised.__context__, OSError)
+    assert model.calls == ()
+    assert not getattr(raised, "__notes__", [])

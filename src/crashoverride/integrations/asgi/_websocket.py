@@ -7,7 +7,8 @@ raises in between, the last message it received is the one it was handling. This
 records what that takes, without copies: the connection's handshake state, whether a
 ``receive()`` is pending, the last message (its text or bytes by reference, only if it fits in
 ``max_message``), and counts. Everything that runs after a failure lives in
-``_websocket_restart`` and ``_websocket_block``.
+``_ws_session`` (the rest of the connection), ``_ws_restart`` (a restarted run of
+the endpoint) and ``_ws_block`` (what the agent gets).
 
 Each message is a unit of work (``integration.unit_of_work``) from the moment the app receives
 it until it asks for the next one: the declared effects (``CrashOverride.effect``) its handling
@@ -21,7 +22,14 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from crashoverride import Handler, integration
-from crashoverride.integrations.asgi._exchange import Message, Receive, Scope, Send, cancel_pending
+from crashoverride.integrations.asgi._exchange import (
+    Message,
+    Receive,
+    Scope,
+    Send,
+    cancel_pending,
+    wraps,
+)
 
 RECEIVE = "websocket.receive"
 DISCONNECT = "websocket.disconnect"
@@ -158,22 +166,7 @@ class Connection:
 
     def raised_by_channel(self, exc: BaseException) -> bool:
         """Whether ``exc`` is (or wraps) an error of the server's channel: not the app's."""
-        channel = self.channel_error
-        if channel is None:
-            return False
-        seen: set[int] = set()
-        pending = [exc]
-        while pending and len(seen) < 50:
-            current = pending.pop()
-            if current is channel:
-                return True
-            if id(current) in seen:
-                continue
-            seen.add(id(current))
-            if isinstance(current, BaseExceptionGroup):
-                pending.extend(current.exceptions)
-            pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
-        return False
+        return wraps(exc, self.channel_error)
 
     def fields(self) -> dict[str, Any]:
         """Connection context for every event of a recovery."""
