@@ -10,6 +10,7 @@ from __future__ import annotations
 MODULES = (
     "crashoverride._eval.scenarios.asgi_data",
     "crashoverride._eval.scenarios.asgi_code",
+    "crashoverride._eval.scenarios.websocket",
     "crashoverride._eval.scenarios.tasks",
     "crashoverride._eval.scenarios.tasks_data",
     "crashoverride._eval.scenarios.scrapers",
