@@ -24,6 +24,7 @@ BRIEF_SITES = {
     "crashoverride.integrations.asgi._block",
     "crashoverride.integrations.asyncio",
     "crashoverride.integrations.celery",
+    "crashoverride.integrations.scrapy",
 }
 BLOCK_SITES = {
     "crashoverride._core.block",

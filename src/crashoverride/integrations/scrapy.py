@@ -291,6 +291,7 @@ class _Failed:
         request = response.request
         assert request is not None
         spider = crawler.spider
+        assert spider is not None  # set before the engine starts
         self.crawler = crawler
         self.postcondition = handler.settings.postcondition
         self.is_secret = integration.redactor(handler).is_secret

@@ -31,7 +31,7 @@ def byline_of(response: Any) -> str:
 def _spider_class() -> Any:
     import scrapy
 
-    class NewsSpider(scrapy.Spider):  # type: ignore[misc]
+    class NewsSpider(scrapy.Spider):
         name = "news"
 
         def parse(self, response: Any) -> Iterator[Any]:
