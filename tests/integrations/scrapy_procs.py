@@ -152,9 +152,12 @@ class _Records(logging.Handler):
 
 def settings() -> dict[str, Any]:
     base: dict[str, Any] = {
-        "LOG_LEVEL": "DEBUG", "TELNETCONSOLE_ENABLED": False, "REMOTE_CONTROL_ENABLED": False,
+        "LOG_LEVEL": "DEBUG", "LOG_INSTALL_ROOT_HANDLER": False,
+        "TELNETCONSOLE_ENABLED": False, "REMOTE_CONTROL_ENABLED": False,
         "CONCURRENT_REQUESTS": 16, "CONCURRENT_REQUESTS_PER_DOMAIN": 16,
-        "ROBOTSTXT_OBEY": False, "COOKIES_ENABLED": True, "LOGSTATS_INTERVAL": 3600,
+        "ROBOTSTXT_OBEY": False,
+        "COOKIES_ENABLED": False,  # its domain check would fetch the public suffix list
+        "LOGSTATS_INTERVAL": 3600,
         "DEPTH_LIMIT": 2, "MEMUSAGE_ENABLED": False,
     }  # fmt: skip
     model = os.environ.get("SCRAPY_MODEL")
@@ -215,7 +218,7 @@ def main(out: str) -> None:
         seen.append({"signal": kind, "url": response.url, "exc": type(exception).__name__,
                      "spider": spider.name, "report": report is not None})  # fmt: skip
 
-    process = CrawlerProcess(settings(), install_root_handler=False)
+    process = CrawlerProcess(settings())
     logging.getLogger().addHandler(records)
     logging.getLogger().setLevel(logging.DEBUG)
     crawler = process.create_crawler(ShopSpider)
