@@ -8,8 +8,9 @@ runs in a process of its own, since a Twisted reactor starts once per process:
 
 ``SCRAPY_SITE`` (the site's URL), ``SCRAPY_STYLE`` (the product callback: ``generator``,
 ``function``, ``coroutine``, ``asyncgen``), ``SCRAPY_MODEL`` (the model's URL; unset: no
-crashoverride at all), ``SCRAPY_REDIS`` and ``SCRAPY_NS`` (a fleet). It writes the items, the
-stats, the log records, the recovery reports and the signals it saw as JSON.
+crashoverride at all), ``SCRAPY_REDIS`` and ``SCRAPY_NS`` (a fleet), ``SCRAPY_EXTRA`` (more
+settings, as JSON), ``SCRAPY_EVENTS`` (a file for the events, as JSON lines). It writes the
+items, the stats, the log records, the recovery reports and the signals it saw as JSON.
 """
 
 from __future__ import annotations
@@ -167,6 +168,7 @@ def settings() -> dict[str, Any]:
         }
         base["CRASHOVERRIDE"] = "tests.integrations.scrapy_procs.CO"
         base["CRASHOVERRIDE_PROMPT"] = "Yield the product's item (name, price) from the page."
+    base.update(json.loads(os.environ.get("SCRAPY_EXTRA", "{}")))
     return base
 
 
@@ -197,8 +199,16 @@ def main(out: str) -> None:
     from scrapy import signals
     from scrapy.crawler import CrawlerProcess
 
-    # An application decision (the library never configures logging): events dropped.
-    structlog.configure(logger_factory=structlog.ReturnLoggerFactory())
+    # An application decision (the library never configures logging): events as JSON lines
+    # in ``SCRAPY_EVENTS``, else dropped.
+    events = os.environ.get("SCRAPY_EVENTS")
+    if events:
+        structlog.configure(
+            processors=[structlog.processors.add_log_level, structlog.processors.JSONRenderer()],
+            logger_factory=structlog.WriteLoggerFactory(open(events, "a")),  # noqa: SIM115
+        )
+    else:
+        structlog.configure(logger_factory=structlog.ReturnLoggerFactory())
     if os.environ.get("SCRAPY_MODEL"):
         # Where the CRASHOVERRIDE setting finds it (this file runs as ``__main__``).
         from tests.integrations import scrapy_procs
@@ -221,6 +231,10 @@ def main(out: str) -> None:
     process = CrawlerProcess(settings())
     logging.getLogger().addHandler(records)
     logging.getLogger().setLevel(logging.DEBUG)
+    # An application decision, as usual for HTTP clients: the model client's debug chatter
+    # (the SDK's, openai's, httpx's) is not in the crawl's log.
+    for name in ("openai", "httpx", "httpcore", "httpx2", "httpcore2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     crawler = process.create_crawler(ShopSpider)
     crawler.signals.connect(scraped, signal=signals.item_scraped)
     if os.environ.get("SCRAPY_MODEL"):

@@ -55,7 +55,7 @@ def finish(started: Any) -> dict[str, Any]:
     output, _ = proc.communicate(timeout=CRAWL_TIMEOUT)
     assert proc.returncode == 0, output[-4000:]
     try:
-        return dict(json.loads(Path(out).read_text()))
+        return {**json.loads(Path(out).read_text()), "output": output}
     finally:
         os.unlink(out)
 
@@ -102,10 +102,22 @@ def test_a_changed_markup_is_repaired_once_and_every_item_is_extracted(
         assert seen["exc"] == "TypeError"
 
 
-def test_the_agent_sees_the_page_and_the_callback_with_secrets_masked(site: Site) -> None:
+def test_the_agent_sees_the_page_and_the_callback_with_secrets_masked(
+    site: Site, tmp_path: Path
+) -> None:
+    events = tmp_path / "events.jsonl"
     with MockServer(REPAIR) as server:
-        crawl(site, server.base_url, "generator")
+        crawl(site, server.base_url, "generator", SCRAPY_EVENTS=str(events))
         first = json.dumps(server.requests[0].body)
+    # The recovery's events say which spider, page and callback.
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    started = [e for e in lines if e["event"] == "recovery.started"]
+    assert len(started) == 1, lines
+    assert started[0]["spider"] == "shop"
+    assert started[0]["url"].startswith(site.url + "/item/")
+    assert started[0]["callback"] == "ShopSpider.product_generator"
+    succeeded = [e for e in lines if e["event"] == "recovery.succeeded"]
+    assert succeeded and all(e["spider"] == "shop" and "/item/" in e["url"] for e in succeeded)
     assert "product_generator" in first  # the callback's name and source
     assert "def product_generator" in first
     assert 'span class=\\\\"amount\\\\"' in first or 'class=\\"amount\\"' in first  # excerpt
@@ -129,11 +141,18 @@ TIMING_LOGS = (
 )
 
 
+def _untimed(message: str) -> str:
+    # The dupefilter names the first duplicate it met: which one depends on the timing.
+    if message.startswith("Filtered duplicate request"):
+        return "Filtered duplicate request"
+    return message
+
+
 def comparable(result: dict[str, Any]) -> tuple[Any, ...]:
     stats = {k: v for k, v in result["stats"].items()
              if k not in TIMING_STATS and not k.startswith("crashoverride/")}  # fmt: skip
     logs = Counter(
-        (r["level"], r["logger"], r["message"], r["exc"])
+        (r["level"], r["logger"], _untimed(r["message"]), r["exc"])
         for r in result["logs"]
         if not r["message"].startswith(TIMING_LOGS)
     )  # fmt: skip
@@ -197,3 +216,36 @@ def test_the_example_scrapes_every_book_with_one_agent_run() -> None:
     assert "Book 10: £10.50" in out and "Book 1: £1.50" in out
     recovered = int(out.split("recovered pages: ")[1].split()[0])
     assert 1 <= recovered <= 5  # books 6-10 fail until the repair lands
+
+
+def test_on_another_reactor_a_failure_is_skipped_with_a_note(site: Site) -> None:
+    other = json.dumps({"TWISTED_REACTOR": "twisted.internet.selectreactor.SelectReactor"})
+    with MockServer(REPAIR) as server:
+        result = crawl(site, server.base_url, SCRAPY_EXTRA=other)
+        assert server.requests == []  # no agent run: the failure is Scrapy's, as without us
+    failed = PAGES - CHANGED_FROM + 1
+    assert by_price(result["items"]) == expected_items()[: CHANGED_FROM - 1]
+    assert int(result["stats"]["spider_exceptions/count"]) == failed
+    assert "crashoverride/failed" not in result["stats"]  # no recovery ran
+    errors = [r for r in result["logs"] if r["message"].startswith("Spider error processing")]
+    assert len(errors) == failed
+    assert all(any("asyncio reactor" in note for note in r["notes"]) for r in errors)
+
+
+def test_a_crashoverride_setting_that_names_no_crashoverride_stops_the_start(site: Site) -> None:
+    wrong = json.dumps({"CRASHOVERRIDE": "builtins.len"})
+    result = crawl(site, "http://127.0.0.1:9/v1", SCRAPY_EXTRA=wrong)
+    # Scrapy reports a middleware that fails to build, and crawls nothing.
+    assert "ConfigurationError: CRASHOVERRIDE: expected a CrashOverride" in result["output"]
+    assert result["items"] == []
+
+
+def test_without_scrapy_the_import_error_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['scrapy'] = None\n"
+        "try:\n    import crashoverride.integrations.scrapy\n"
+        "except ImportError as exc:\n    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)  # fmt: skip
+    assert "pip install 'crashoverride[scrapy]'" in done.stdout, done.stdout + done.stderr
