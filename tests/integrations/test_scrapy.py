@@ -249,3 +249,19 @@ def test_without_scrapy_the_import_error_names_the_extra() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)  # fmt: skip
     assert "pip install 'crashoverride[scrapy]'" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_middleware_that_is_not_innermost_is_warned_about(site: Site, tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    outer = json.dumps({
+        "SPIDER_MIDDLEWARES": {"crashoverride.integrations.scrapy.CrashOverrideMiddleware": 500},
+    })  # fmt: skip
+    with MockServer(REPAIR) as server:
+        crawl(site, server.base_url, SCRAPY_EXTRA=outer, SCRAPY_EVENTS=str(events))
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    warned = {e["event"]: e for e in lines if e["level"] == "warning"}
+    assert "DepthMiddleware" in warned["scrapy.middleware_not_innermost"]["middleware"] or (
+        "MetaCopyDetectionMiddleware" in warned["scrapy.middleware_not_innermost"]["middleware"]
+    )
+    # Right outside it (order 50), HttpErrorMiddleware handles exceptions too.
+    assert "HttpErrorMiddleware" in warned["scrapy.exception_handler_outside"]["middleware"]
