@@ -385,7 +385,10 @@ def _check_placement(settings: Any) -> None:
     """Warn when this middleware is not innermost, or an exception handler sits right
     outside it (an unrecovered failure then skips that handler)."""
     try:
-        order = build_component_list(settings.getwithbase("SPIDER_MIDDLEWARES"))
+        # Newer Scrapy resolves keys to import paths first (as its manager does); older: as is.
+        composed = getattr(settings, "get_component_priority_dict_with_base", None)
+        middlewares = (composed or settings.getwithbase)("SPIDER_MIDDLEWARES")
+        order = build_component_list(middlewares)
         loaded = [load_object(entry) for entry in order]
     except Exception:  # Scrapy reports a broken middleware list itself
         return

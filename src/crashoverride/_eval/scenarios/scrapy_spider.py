@@ -33,8 +33,9 @@ def article(number: int, title: str, byline: str) -> str:
     following = f'<a class="next" href="article-{number + 1}.html">next</a>'
     last = number == len(ARTICLES)
     # The site renamed the headline's class from `title` to `headline` today.
-    return (f'<html><body><h1 class="headline">{title}</h1><p class="byline">{byline}</p>'
-            f"<p>...</p>{'' if last else following}</body></html>")  # fmt: skip
+    head = '<html><head><meta charset="utf-8"></head><body>'
+    return (f'{head}<h1 class="headline">{title}</h1><p class="byline">{byline}</p>'
+            f'<p>...</p>{"" if last else following}</body></html>')  # fmt: skip
 
 
 async def play_markup(env: Env, app: Any) -> list[Check]:
