@@ -7,10 +7,11 @@ runs in a process of its own, since a Twisted reactor starts once per process:
     python -m tests.integrations.scrapy_procs OUT.json   # configured by the environment
 
 ``SCRAPY_SITE`` (the site's URL), ``SCRAPY_STYLE`` (the product callback: ``generator``,
-``function``, ``coroutine``, ``asyncgen``), ``SCRAPY_MODEL`` (the model's URL; unset: no
-crashoverride at all), ``SCRAPY_REDIS`` and ``SCRAPY_NS`` (a fleet), ``SCRAPY_EXTRA`` (more
-settings, as JSON), ``SCRAPY_EVENTS`` (a file for the events, as JSON lines). It writes the
-items, the stats, the log records, the recovery reports and the signals it saw as JSON.
+``itemfirst``, ``function``, ``coroutine``, ``asyncgen``), ``SCRAPY_MODEL`` (the model's URL;
+unset: no crashoverride at all), ``SCRAPY_REDIS`` and ``SCRAPY_NS`` (a fleet),
+``SCRAPY_EXTRA`` (more settings, as JSON), ``SCRAPY_EVENTS`` (a file for the events, as JSON
+lines). It writes the items, the stats, the log records, the recovery reports and the signals
+it saw as JSON.
 """
 
 from __future__ import annotations
@@ -118,6 +119,11 @@ class ShopSpider(scrapy.Spider):
     def product_generator(self, response: Any) -> Iterator[Any]:
         # Yields a request before the item: a re-run must not yield it twice.
         yield response.follow(response.css("a.next::attr(href)").get(), callback=self.ignore)
+        yield {"name": name_of(response), "price": price_of(response)}
+
+    def product_itemfirst(self, response: Any) -> Iterator[Any]:
+        # Yields an item before failing: a re-run must not store it twice.
+        yield {"seen": name_of(response)}
         yield {"name": name_of(response), "price": price_of(response)}
 
     def product_function(self, response: Any) -> list[Any]:
