@@ -25,6 +25,7 @@ BRIEF_SITES = {
     "crashoverride.integrations.asgi._ws_block",
     "crashoverride.integrations.asyncio",
     "crashoverride.integrations.celery",
+    "crashoverride.integrations.scrapy",
 }
 BLOCK_SITES = {
     "crashoverride._core.block",

@@ -14,6 +14,7 @@ MODULES = (
     "crashoverride._eval.scenarios.tasks",
     "crashoverride._eval.scenarios.tasks_data",
     "crashoverride._eval.scenarios.scrapers",
+    "crashoverride._eval.scenarios.scrapy_spider",
     "crashoverride._eval.scenarios.traps_tasks",
     "crashoverride._eval.scenarios.traps_asgi",
     "crashoverride._eval.scenarios.effects",
