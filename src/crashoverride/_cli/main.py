@@ -76,7 +76,7 @@ def demo(args: argparse.Namespace) -> int:
          lambda: anyio.run(_demo.scene_scraper, make)),
         ("A Starlette endpoint behind uvicorn hits a deliberate NotImplementedError",
          lambda: _demo.scene_endpoint(make)),
-        ("A background task recovers and spawns a follow-up job",
+        ("A background task meets a changed rates feed; its follow-up proposes a real patch",
          lambda: anyio.run(_demo.scene_background, make)),
     ]  # fmt: skip
     began = time.monotonic()
