@@ -137,7 +137,6 @@ def _serve(app: Any) -> tuple[Any, threading.Thread, socket.socket]:
 
 
 def scene_endpoint(make: Callable[[list[Any]], CrashOverride]) -> list[Claim]:
-    import httpx
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse
@@ -168,7 +167,7 @@ def scene_endpoint(make: Callable[[list[Any]], CrashOverride]) -> list[Claim]:
     responses = []
     try:
         for kg in ("2.5", "1"):
-            response = httpx.get(f"http://127.0.0.1:{port}/quote?kg={kg}", timeout=60)
+            response = _get(f"http://127.0.0.1:{port}/quote?kg={kg}")
             responses.append(response)
             print(f"    GET /quote?kg={kg} -> {response.status_code} {response.text}")
     finally:
@@ -186,6 +185,28 @@ def scene_endpoint(make: Callable[[list[Any]], CrashOverride]) -> list[Claim]:
          second.status_code == 200 and second.json()["shipping"] == 5.75, second.text),
         ("only one recovery ran for both requests", len(started) == 1, f"{len(started)}"),
     ]  # fmt: skip
+
+
+class _Response:
+    def __init__(self, status_code: int, text: str) -> None:
+        self.status_code, self.text = status_code, text
+
+    def json(self) -> Any:
+        import json
+
+        return json.loads(self.text)
+
+
+def _get(url: str) -> _Response:
+    """One GET with the standard library (the demo needs no HTTP client package)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=60) as answer:
+            return _Response(answer.status, answer.read().decode())
+    except urllib.error.HTTPError as error:
+        return _Response(error.code, error.read().decode())
 
 
 # ------------------------------------------------- scene 3: a background task + its follow-up
