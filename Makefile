@@ -2,13 +2,20 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-# Interpreters to test on: every one of 3.11, 3.12, 3.13 found on PATH or through pyenv.
-# Override with e.g. `make test PYTHONS="python3.11 /opt/py313/bin/python3.13"`.
-PYTHONS ?= $(shell for v in 3.11 3.12 3.13; do \
-	  if command -v python$$v >/dev/null 2>&1 && python$$v -c pass 2>/dev/null; then command -v python$$v; \
+# Interpreters to test on: every one of 3.11, 3.12, 3.13 found on PATH or through pyenv (their
+# real paths: pyenv's shims cost a second a call on a loaded machine). Override with e.g.
+# `make test PYTHONS="python3.11 /opt/py313/bin/python3.13"`. The first is PRIMARY, which is all
+# `make demo` needs: it stops looking there, and the others are looked for only when used.
+find_pythons = for v in 3.11 3.12 3.13; do \
+	  if command -v python$$v >/dev/null 2>&1 && p=$$(python$$v -c 'import sys; print(sys.executable)' 2>/dev/null); then echo "$$p"; \
 	  elif command -v pyenv >/dev/null 2>&1 && p=$$(pyenv prefix $$v 2>/dev/null) && [ -x "$$p/bin/python$$v" ]; then echo "$$p/bin/python$$v"; \
-	  fi; done)
+	  else continue; fi; $(1) done
+ifdef PYTHONS
 PRIMARY := $(firstword $(PYTHONS))
+else
+PRIMARY := $(shell $(call find_pythons,break;))
+PYTHONS = $(eval PYTHONS := $(shell $(call find_pythons,)))$(PYTHONS)
+endif
 VENV := .venv
 PYTEST_ARGS ?=
 

@@ -1,17 +1,22 @@
 """Print this machine's pip index configuration as ``uv pip install`` arguments.
 
-uv reads no pip configuration (pip.conf, ``PIP_*`` variables): the Makefile hands it what
-``pip config list`` says, so uv installs from the same indexes, find-links and constraints as
-pip would. Where pip may choose from several indexes it takes the best version of all of them;
+uv reads no pip configuration: the Makefile hands it what pip would use, so uv installs from the
+same indexes, find-links and constraints. Read here as pip reads it (``pip config list`` says the
+same, but costs a second or two of pip's start-up): the configuration files in pip's order
+(global: ``$XDG_CONFIG_DIRS/pip/pip.conf``, ``/etc/pip.conf``; user: ``~/.pip/pip.conf``,
+``~/.config/pip/pip.conf``; the virtualenv's ``pip.conf``), or only ``$PIP_CONFIG_FILE``'s, each
+file's ``[install]`` section over its ``[global]`` one, then the ``PIP_*`` variables over all.
+Where pip may choose among several indexes it takes the best version of all of them;
 ``--index-strategy unsafe-best-match`` asks uv for the same. Prints nothing when pip is
 unconfigured (uv then uses PyPI, as pip does).
 """
 
 from __future__ import annotations
 
+import configparser
+import os
 import shlex
-import subprocess
-import sys
+from pathlib import Path
 
 # pip's option -> uv's, and whether pip's value is a whitespace-separated list.
 OPTIONS = {
@@ -23,33 +28,46 @@ OPTIONS = {
 }
 
 
+def files() -> list[Path]:
+    if "PIP_CONFIG_FILE" in os.environ:
+        return [Path(os.environ["PIP_CONFIG_FILE"])]
+    dirs = os.environ.get("XDG_CONFIG_DIRS") or "/etc/xdg"
+    found = [Path(d) / "pip" / "pip.conf" for d in reversed(dirs.split(os.pathsep)) if d]
+    found.append(Path("/etc/pip.conf"))
+    home = Path.home()
+    config_home = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
+    found += [home / ".pip" / "pip.conf", config_home / "pip" / "pip.conf"]
+    if os.environ.get("VIRTUAL_ENV"):
+        found.append(Path(os.environ["VIRTUAL_ENV"]) / "pip.conf")
+    return found
+
+
 def settings() -> dict[str, str]:
-    listed = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"],
-        capture_output=True, text=True, check=False,
-    ).stdout  # fmt: skip
-    found: dict[str, str] = {}
-    environment: dict[str, str] = {}
-    for line in listed.splitlines():
-        key, sep, value = line.partition("=")
-        if not sep:
+    config: dict[str, str] = {}
+    for path in files():
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(path, encoding="utf-8")
+        except (OSError, configparser.Error):
             continue
-        scope, _, name = key.partition(".")
-        if scope not in (":env:", "global", "install"):
-            continue
-        # Environment variables override the files, as they do for pip.
-        (environment if scope == ":env:" else found)[name] = shlex.split(value)[0]
-    return {**found, **environment}
+        for section in ("global", "install"):
+            if parser.has_section(section):
+                config.update(parser.items(section))
+    for name in OPTIONS:
+        variable = "PIP_" + name.upper().replace("-", "_")
+        if variable in os.environ:
+            config[name] = os.environ[variable]
+    return config
 
 
 def main() -> None:
     config = settings()
     args: list[str] = []
     for name, (flag, many) in OPTIONS.items():
-        if name in config:
-            for value in config[name].split() if many else [config[name]]:
+        if config.get(name, "").strip():
+            for value in config[name].split() if many else [config[name].strip()]:
                 args += [flag, value]
-    if "extra-index-url" in config:
+    if config.get("extra-index-url", "").strip():
         args += ["--index-strategy", "unsafe-best-match"]
     print(shlex.join(args))
 
