@@ -4,7 +4,8 @@ uv reads no pip configuration: the Makefile hands it what pip would use, so uv i
 same indexes, find-links and constraints. Read here as pip reads it (``pip config list`` says the
 same, but costs a second or two of pip's start-up): the configuration files in pip's order
 (global: ``$XDG_CONFIG_DIRS/pip/pip.conf``, ``/etc/pip.conf``; user: ``~/.pip/pip.conf``,
-``~/.config/pip/pip.conf``; the virtualenv's ``pip.conf``), or only ``$PIP_CONFIG_FILE``'s, each
+``~/.config/pip/pip.conf``, skipped when ``$PIP_CONFIG_FILE`` names a file; the interpreter's
+``sys.prefix/pip.conf``; ``$PIP_CONFIG_FILE``, none at all when it is the null device), each
 file's ``[install]`` section over its ``[global]`` one, then the ``PIP_*`` variables over all.
 Where pip may choose among several indexes it takes the best version of all of them;
 ``--index-strategy unsafe-best-match`` asks uv for the same. Prints nothing when pip is
@@ -16,6 +17,7 @@ from __future__ import annotations
 import configparser
 import os
 import shlex
+import sys
 from pathlib import Path
 
 # pip's option -> uv's, and whether pip's value is a whitespace-separated list.
@@ -29,16 +31,20 @@ OPTIONS = {
 
 
 def files() -> list[Path]:
-    if "PIP_CONFIG_FILE" in os.environ:
-        return [Path(os.environ["PIP_CONFIG_FILE"])]
+    """The configuration files pip reads, lowest priority first (pip's own order)."""
+    chosen = os.environ.get("PIP_CONFIG_FILE")
+    if chosen == os.devnull:
+        return []  # pip: no configuration file at all
     dirs = os.environ.get("XDG_CONFIG_DIRS") or "/etc/xdg"
-    found = [Path(d) / "pip" / "pip.conf" for d in reversed(dirs.split(os.pathsep)) if d]
+    found = [Path(d) / "pip" / "pip.conf" for d in dirs.split(os.pathsep) if d]
     found.append(Path("/etc/pip.conf"))
-    home = Path.home()
-    config_home = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
-    found += [home / ".pip" / "pip.conf", config_home / "pip" / "pip.conf"]
-    if os.environ.get("VIRTUAL_ENV"):
-        found.append(Path(os.environ["VIRTUAL_ENV"]) / "pip.conf")
+    if not (chosen and Path(chosen).exists()):  # pip skips the user's files then
+        home = Path.home()
+        config_home = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
+        found += [home / ".pip" / "pip.conf", config_home / "pip" / "pip.conf"]
+    found.append(Path(sys.prefix) / "pip.conf")  # the interpreter's (a virtualenv's) own
+    if chosen:
+        found.append(Path(chosen))
     return found
 
 
