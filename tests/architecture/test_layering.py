@@ -119,9 +119,7 @@ def test_the_contract_rule_reads_every_integration() -> None:
     contract = {"crashoverride", "crashoverride.integration", "crashoverride.followups"}
     reaching = {e.source for e in edges() if e.target in contract}
     integrations = {
-        name.split(".")[2]
-        for name in modules()
-        if name.startswith("crashoverride.integrations.")
+        name.split(".")[2] for name in modules() if name.startswith("crashoverride.integrations.")
     }
     assert {"arq", "asgi", "asyncio", "celery"} <= integrations
     for name in integrations:

@@ -7,7 +7,7 @@ on a queue of its own; only the model is scripted.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from arq.jobs import Job, JobStatus
@@ -264,7 +264,9 @@ def test_a_followup_sent_where_no_worker_listens_waits_for_one(q: Queue) -> None
     model = (
         Script(exec_python("set_result(1)"), done("used 1"))
         .run(
-            exec_python("import tests.integrations.test_arq as t\nt.FOLLOWUP_SEEN.append(objective)"),
+            exec_python(
+                "import tests.integrations.test_arq as t\nt.FOLLOWUP_SEEN.append(objective)"
+            ),
             done("noted"),
         )
         .model()
@@ -366,7 +368,7 @@ def test_a_settings_class_is_configured_in_place(q: Queue) -> None:
     co = CrashOverride(model=script())
 
     class WorkerSettings:
-        functions = [succeeds]
+        functions: ClassVar[list[Any]] = [succeeds]
         queue_name = q.name
         redis_settings = q.redis_settings
 
@@ -383,3 +385,92 @@ def test_a_job_function_must_be_a_coroutine_function() -> None:
 
     with pytest.raises(ConfigurationError, match="coroutine function"):
         recovered()(sync_job)  # type: ignore[type-var]
+
+
+# ----------------------------------------------------------------------------------- example
+
+
+def test_the_arq_worker_example_runs(q: Queue) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "REDIS_URL": q.url, "ARQ_QUEUE": q.name, "NO_COLOR": "1"}
+    ran = subprocess.run(
+        [sys.executable, str(root / "examples" / "arq_worker.py")],
+        env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    assert "invoice 4 total: 5000 cents" in ran.stdout
+    assert "invoice 9: mailed receipt 9-1; card charged 1 time(s)" in ran.stdout
+    assert "tickets: " in ran.stdout
+    assert "billing: total_cents renamed to amount_due_cents" in ran.stdout.split("tickets: ")[1]
+
+
+# ------------------------------------------------------------------------------ killed worker
+
+
+def test_a_job_whose_worker_is_killed_mid_recovery_is_tried_again_without_a_second_charge(
+    q: Queue, tmp_path: Any
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from tests.fleet.support import clean
+
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ, "ARQ_TEST_REDIS_URL": q.url, "ARQ_TEST_QUEUE": q.name,
+        "ARQ_TEST_NS": q.name, "ARQ_TEST_DIR": str(tmp_path), "NO_COLOR": "1",
+        "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)]),
+    }  # fmt: skip
+    command = [sys.executable, "-m", "tests.integrations.arq_procs"]
+
+    async def enqueue() -> str:
+        pool = await q.pool()
+        try:
+            return (await q.enqueue(pool, "pay", 7)).job_id
+        finally:
+            await pool.aclose()
+
+    async def outcome(job_id: str) -> Any:
+        pool = await q.pool()
+        try:
+            return await Job(job_id, pool).result_info()
+        finally:
+            await pool.aclose()
+
+    job_id = run(enqueue())
+    try:
+        first = subprocess.Popen(
+            [*command, "1"], env=env, cwd=root, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while not (tmp_path / "recovering").exists():
+                assert first.poll() is None, first.stderr.read().decode()[-4000:]  # type: ignore[union-attr]
+                assert time.monotonic() < deadline, "worker 1 never began a recovery"
+                time.sleep(0.1)
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.communicate(timeout=30)
+        assert (tmp_path / "charges").read_text().split() == ["7"]
+
+        # arq sees the job abandoned once its in-progress key expires, and runs it again.
+        second = subprocess.run(
+            [*command, "2"], env=env, cwd=root, capture_output=True, text=True, timeout=240
+        )
+        assert second.returncode == 0, second.stderr[-4000:]
+        info = run(outcome(job_id))
+        assert (info.success, info.result, info.job_try) == (True, "ch_1 mailed", 2)
+        assert (tmp_path / "charges").read_text().split() == ["7"]  # charged once
+        assert "effect.replayed" in second.stdout + second.stderr
+    finally:
+        clean(q.url, q.name)
