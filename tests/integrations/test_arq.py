@@ -348,7 +348,10 @@ def test_install_protects_every_function_once_and_keeps_arqs_names(q: Queue) -> 
     @recovered(recover=False)
     async def opted_out(ctx: dict[str, Any]) -> None: ...
 
-    settings = q.settings([order_total, func(plain, name="renamed", max_tries=3), opted_out])
+    settings = q.settings([
+        order_total, func(plain, name="renamed", max_tries=3), opted_out,
+        "tests.integrations.test_arq.succeeds",  # arq imports it by name; so does install
+    ])  # fmt: skip
     install(settings, CrashOverride(model=script()))
     install(settings, CrashOverride(model=script()))  # twice: nothing wrapped twice
     names = [f if isinstance(f, str) else getattr(f, "name", None) or f.__qualname__
@@ -357,8 +360,10 @@ def test_install_protects_every_function_once_and_keeps_arqs_names(q: Queue) -> 
         "order_total",
         "renamed",
         "test_install_protects_every_function_once_and_keeps_arqs_names.<locals>.opted_out",
+        "tests.integrations.test_arq.succeeds",
         FOLLOWUP_FUNCTION,
     ]
+    assert settings["functions"][3].coroutine.__wrapped__ is succeeds
     renamed = settings["functions"][1]
     assert renamed.max_tries == 3 and renamed.coroutine.__wrapped__ is plain
     assert order_total.__wrapped__.__name__ == "order_total"  # type: ignore[attr-defined]
@@ -474,3 +479,38 @@ def test_a_job_whose_worker_is_killed_mid_recovery_is_tried_again_without_a_seco
         assert "effect.replayed" in second.stdout + second.stderr
     finally:
         clean(q.url, q.name)
+
+
+def test_the_jobs_timeout_cuts_a_recovery_short_as_it_would_the_job(q: Queue) -> None:
+    # The recovery runs inside the job: arq's timeout cancels it, and the job fails with arq's
+    # TimeoutError, as one that ran out of time; the cancellation is never caught.
+    model = script(exec_python("import asyncio\nawait asyncio.sleep(120)"), done("too late"))
+    settings = q.settings([func(fails, timeout=3)])
+    install(settings, CrashOverride(model=model))
+
+    async def main() -> Any:
+        pool = await q.pool()
+        try:
+            job = await q.enqueue(pool, "fails")
+            with capture_logs() as logs:
+                worker = await burst(settings)
+            assert (worker.jobs_failed, worker.jobs_complete) == (1, 0)
+            return await job.result_info(), logs
+        finally:
+            await pool.aclose()
+
+    info, logs = run(main())
+    assert (info.success, type(info.result), info.job_try) == (False, TimeoutError, 1)
+    assert "recovery.cancelled" in [e["event"] for e in logs]
+
+
+def test_without_arq_the_import_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+    import sys
+
+    for name in [n for n in sys.modules if n == "arq" or n.startswith("arq.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # what an absent package looks like
+    monkeypatch.setitem(sys.modules, "arq", None)
+    monkeypatch.delitem(sys.modules, "crashoverride.integrations.arq")
+    with pytest.raises(ImportError, match=r"pip install 'crashoverride\[arq\]'"):
+        importlib.import_module("crashoverride.integrations.arq")
