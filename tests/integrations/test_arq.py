@@ -364,6 +364,7 @@ def test_install_protects_every_function_once_and_keeps_arqs_names(q: Queue) -> 
         FOLLOWUP_FUNCTION,
     ]
     assert settings["functions"][3].coroutine.__wrapped__ is succeeds
+    assert settings["functions"][4].timeout_s is None  # the worker's job_timeout
     renamed = settings["functions"][1]
     assert renamed.max_tries == 3 and renamed.coroutine.__wrapped__ is plain
     assert order_total.__wrapped__.__name__ == "order_total"  # type: ignore[attr-defined]
@@ -377,9 +378,10 @@ def test_a_settings_class_is_configured_in_place(q: Queue) -> None:
         queue_name = q.name
         redis_settings = q.redis_settings
 
-    runner = install(WorkerSettings, co)
+    runner = install(WorkerSettings, co, followup_job_timeout=900)
     assert WorkerSettings.ctx == {"crashoverride": co, "crashoverride_followup_runner": runner}  # type: ignore[attr-defined]
-    assert [getattr(f, "name", None) for f in WorkerSettings.functions][-1] == FOLLOWUP_FUNCTION
+    followup = WorkerSettings.functions[-1]
+    assert (followup.name, followup.timeout_s) == (FOLLOWUP_FUNCTION, 900)
     assert runner.queue_name == q.name
 
 

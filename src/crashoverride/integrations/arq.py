@@ -350,6 +350,7 @@ def install(
     *,
     followup_queue: str | None = None,
     followup_redis_settings: RedisSettings | None = None,
+    followup_job_timeout: float | None = None,
 ) -> ArqRunner:
     """Configure an arq worker's settings: protected jobs and durable follow-ups.
 
@@ -360,13 +361,18 @@ def install(
     Follow-ups go to ``followup_queue`` (default: this worker's queue, so it runs them itself;
     another queue needs a worker of its own, with ``install`` called, consuming it). Returns the
     runner, usable as ``followup_runner=`` elsewhere in the application.
+
+    A follow-up job runs under arq's job timeout: ``followup_job_timeout`` seconds, default the
+    worker's ``job_timeout`` (300 s unless set), below ``followup_timeout``'s default of 600 s.
+    Not raised for you: arq waits for the longest function timeout (plus 10 s) before it runs a
+    job whose worker died again, and that wait is every job's.
     """
     functions = [_protect(f) for f in _get(settings, "functions", None) or ()]
     names = {f.name if isinstance(f, Function) else f.__qualname__ for f in functions}
     if FOLLOWUP_FUNCTION not in names:
         from arq.worker import func
 
-        functions.append(func(_followup, name=FOLLOWUP_FUNCTION))
+        functions.append(func(_followup, name=FOLLOWUP_FUNCTION, timeout=followup_job_timeout))
     _set(settings, "functions", functions)
 
     queue = followup_queue or _get(settings, "queue_name") or default_queue_name
