@@ -10,6 +10,15 @@ import asyncio
 from typing import Any, ClassVar
 
 import pytest
+
+try:
+    import arq  # noqa: F401
+except ImportError as missing:  # not in `.[all,dev]`: its redis pin conflicts with Celery's
+    raise ImportError(
+        "the arq tests need arq: pip install --no-deps 'arq>=0.28' (`make test` does; see the "
+        "arq extra in pyproject.toml)"
+    ) from missing
+
 from arq.jobs import Job, JobStatus
 from arq.worker import Retry, func
 from structlog.testing import capture_logs
