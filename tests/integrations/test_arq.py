@@ -525,3 +525,30 @@ def test_without_arq_the_import_error_names_the_extra(monkeypatch: pytest.Monkey
     monkeypatch.delitem(sys.modules, "crashoverride.integrations.arq")
     with pytest.raises(ImportError, match=r"pip install 'crashoverride\[arq\]'"):
         importlib.import_module("crashoverride.integrations.arq")
+
+
+CRON_SEEN: list[Any] = []
+
+
+@recovered("Return the number of rows synced.")
+async def nightly_sync(ctx: dict[str, Any]) -> int:
+    raise KeyError("rows")
+
+
+def test_a_cron_jobs_decorated_coroutine_is_recovered_with_installs_instance(q: Queue) -> None:
+    from arq.cron import cron
+
+    CRON_SEEN.clear()
+    model = script(
+        exec_python(
+            "import tests.integrations.test_arq as t\nt.CRON_SEEN.append(job['id'])\nset_result(5)"
+        ),
+        done("synced 5"),
+    )
+    # At startup, then next New Year's midnight: one run in this burst.
+    once = cron(nightly_sync, run_at_startup=True, month=1, day=1, hour=0, minute=0, second=0)
+    settings = q.settings([succeeds], cron_jobs=[once])
+    install(settings, CrashOverride(model=model))  # cron_jobs untouched; ctx has the instance
+    run(burst(settings))
+    assert len(CRON_SEEN) == 1 and str(CRON_SEEN[0]).startswith("cron:nightly_sync")
+    assert len(model.calls) == 2
