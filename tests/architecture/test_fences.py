@@ -23,13 +23,16 @@ BRIEF_SITES = {
     "crashoverride.integrations.asgi._after",
     "crashoverride.integrations.asgi._block",
     "crashoverride.integrations.arq",
+    "crashoverride.integrations.asgi._ws_block",
     "crashoverride.integrations.asyncio",
     "crashoverride.integrations.celery",
+    "crashoverride.integrations.scrapy",
 }
 BLOCK_SITES = {
     "crashoverride._core.block",
     "crashoverride._core.followup",
     "crashoverride.integrations.asgi._block",
+    "crashoverride.integrations.asgi._ws_block",
     "crashoverride.integrations.asyncio",
 }
 
