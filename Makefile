@@ -41,6 +41,10 @@ uv:
 	  echo "== bootstrapping uv (pip install --target $(UV_HOME) uv)"; \
 	  $(PRIMARY) -m pip install -q --target "$(UV_HOME)" uv; }
 
+# Test dependencies whose own pins conflict with the rest of `.[all,dev]`, installed without
+# their dependencies (see the `arq` extra in pyproject.toml): arq pins redis<6, kombu needs 6.4+.
+NO_DEPS_DEV = 'arq>=0.28'
+
 # One venv per interpreter: .venv for the first, .venv-3.x for the others. `make test` installs
 # everything (.[all,dev], editable, bytecode compiled) and stamps it .installed.
 define ensure_venv
@@ -48,6 +52,7 @@ define ensure_venv
 	@if [ ! -f "$(2)/.installed" ] || [ pyproject.toml -nt "$(2)/.installed" ]; then \
 	  echo "== installing .[all,dev] into $(2)"; \
 	  "$(UV)" pip install -q -p "$(2)/bin/python" --compile-bytecode $(UV_INDEX_ARGS) -e '.[all,dev]' \
+	  && "$(UV)" pip install -q -p "$(2)/bin/python" --compile-bytecode $(UV_INDEX_ARGS) --no-deps $(NO_DEPS_DEV) \
 	  && touch "$(2)/.installed"; fi
 endef
 
@@ -108,6 +113,7 @@ test: lint browser | uv
 	  if [ ! -f "$$env/.installed" ] || [ pyproject.toml -nt "$$env/.installed" ]; then \
 	    echo "== installing .[all,dev] into $$env"; \
 	    "$(UV)" pip install -q -p "$$env/bin/python" --compile-bytecode $(UV_INDEX_ARGS) -e '.[all,dev]'; \
+	    "$(UV)" pip install -q -p "$$env/bin/python" --compile-bytecode $(UV_INDEX_ARGS) --no-deps $(NO_DEPS_DEV); \
 	    touch "$$env/.installed"; fi; \
 	  echo "== pytest on Python $$v ($$py)"; \
 	  "$$env/bin/python" -m pytest $(PYTEST_ARGS); \
