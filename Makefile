@@ -18,7 +18,7 @@ help:
 	@echo "make demo       - create .venv, install, run the offline demo (scripted model)"
 	@echo "make test       - lint, type-check and run the suite on: $(PYTHONS)"
 	@echo "make test-fast  - lint, type-check and the tests not marked slow, on $(PRIMARY) (< 2 min)"
-	@echo "make bench      - run the benchmarks and write benchmarks/RESULTS.md"
+	@echo "make bench      - run the benchmarks, write benchmarks/RESULTS.md and scaling.svg"
 
 # One venv per interpreter: .venv for the first, .venv-3.x for the others.
 venv_for = $(if $(filter $(1),$(PRIMARY)),$(VENV),$(VENV)-$(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])'))
@@ -72,6 +72,7 @@ test-fast: lint
 	$(VENV)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
+	@$(VENV)/bin/python -c 'import matplotlib' 2>/dev/null || $(VENV)/bin/python -m pip install -q -e '.[bench]'
 	$(VENV)/bin/python -m benchmarks
 
 clean:
