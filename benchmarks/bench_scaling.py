@@ -8,6 +8,8 @@ recovery done first), with one aspect of the failure grown from small to huge:
 * bytes / list / repr: one local of 1 KB to 256 MB: a ``bytes``, a ``list`` (``[0] * n``, 8
   bytes an item) and an object whose ``repr`` renders all its data (a naive container; pandas
   bounds its own repr, this one does not);
+* secret: one ``str`` local under a secret-looking name (a key file), 1 KB to 16 MB: the
+  redactor masks its value wherever it recurs;
 * message: the exception's message, 1 KB to 100 MB;
 * body: an ASGI request's body (Starlette behind ``CrashOverrideMiddleware``, through httpx's
   ASGI transport), 1 KB to ``max_replay_body`` (4 MB) and past it.
@@ -54,6 +56,7 @@ ASPECTS: dict[str, tuple[str, list[int]]] = {
     "bytes": ("one bytes local (bytes)", [KB, MB, 16 * MB, 256 * MB]),
     "list": ("one list local (bytes of items)", [KB, MB, 16 * MB, 256 * MB]),
     "repr": ("one local's repr (characters)", [KB, MB, 16 * MB, 256 * MB]),
+    "secret": ("one str local named as a secret", [KB, 64 * KB, MB, 16 * MB]),
     "message": ("exception message (characters)", [KB, MB, 16 * MB, 100 * MB]),
     "body": ("ASGI request body (bytes)", [KB, 64 * KB, MB, 4 * MB, 8 * MB]),
 }
@@ -118,6 +121,15 @@ def _protected(aspect: str, size: int) -> Callable[[Any], None]:
                 raise ValueError(message)
 
         return loud
+    if aspect == "secret":
+        held = "".join(f"{i:08x}" for i in range(size // 8))
+
+        def keeping(co: Any) -> None:
+            private_key = held  # masked wherever it recurs: the redactor learns its value
+            with co.handler():
+                raise ValueError(f"cannot load a {len(private_key)}-character key")
+
+        return keeping
     value = _value(aspect, size)
     gc.collect()
 

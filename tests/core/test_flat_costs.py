@@ -186,3 +186,28 @@ def test_masking_still_sees_a_secret_at_the_cut_of_a_huge_string() -> None:
     secret = "ghp_" + "A1b2C3d4E5" * 4
     text = "p" * 30 + secret + "q" * 100_000
     assert secret not in shortener.repr(text) and secret[:12] not in shortener.repr(text)
+
+
+def test_a_huge_secret_value_is_masked_without_compiling_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import re
+
+    from crashoverride._security.redact import MASK, Redactor
+
+    compiled: list[int] = []
+    compile_ = re.compile
+
+    def spy(pattern: Any, *args: Any) -> Any:
+        compiled.append(len(pattern))
+        return compile_(pattern, *args)
+
+    monkeypatch.setattr(re, "compile", spy)
+    # A key file held under a secret-looking name: compiling its 1 MB into the redactor's
+    # pattern took seconds (a regex compile costs time in the length of its literal).
+    key_file = "".join(f"{i:08x}" for i in range(125_000))
+    redact = Redactor([key_file, "hunter2-long-enough"])
+    assert max(compiled, default=0) < 10_000
+    shown = redact(f"loaded {key_file} with hunter2-long-enough")
+    assert shown == f"loaded {MASK} with {MASK}"
+    assert key_file[:64] not in redact.constant(f"({key_file})")
