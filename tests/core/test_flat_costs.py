@@ -211,3 +211,22 @@ def test_a_huge_secret_value_is_masked_without_compiling_it(
     shown = redact(f"loaded {key_file} with hunter2-long-enough")
     assert shown == f"loaded {MASK} with {MASK}"
     assert key_file[:64] not in redact.constant(f"({key_file})")
+
+
+def test_the_secret_walk_looks_at_a_bounded_number_of_locals() -> None:
+    class Counted(dict[str, object]):
+        looked = 0
+
+        def items(self) -> Any:
+            for pair in super().items():
+                Counted.looked += 1
+                yield pair
+
+    names = Counted({f"v{i}": f"value {i}" for i in range(50_000)})
+    names["password"] = "hunter2-and-more"
+    found = masking.secret_values([names], secrets.is_secret_name)
+    assert Counted.looked <= 1_000
+    # What the summary shows first is what the walk looks at: the first names.
+    first = Counted({"db_password": "s3cret-value", **{f"v{i}": "x" for i in range(5_000)}})
+    assert "s3cret-value" in masking.secret_values([first], secrets.is_secret_name)
+    assert found == []  # the 50,001st name was never reached

@@ -152,7 +152,11 @@ def secret_values(
     pending: list[tuple[object, object, int]] = []
     for root in roots:
         try:
-            pending.extend((name, value, 1) for name, value in list(root.items()))
+            # The first names only: the budget ends the walk before more are looked at, and
+            # the locals' summary the model reads shows the first ones. (10,000 locals would
+            # otherwise be listed, and pushed here, whole.)
+            items = list(islice(root.items(), _MAX_NODES))
+            pending.extend((name, value, 1) for name, value in items)
         except Exception:  # an exotic mapping must not stop the recovery
             continue
     budget = _MAX_NODES
