@@ -33,7 +33,7 @@ help:
 	@echo "make demo-redelivery - the demo's Celery scene: real workers, the Redis at REDIS_URL"
 	@echo "make test       - lint, type-check and run the suite on: $(PYTHONS)"
 	@echo "make test-fast  - lint, type-check and the tests not marked slow, on $(PRIMARY) (< 2 min)"
-	@echo "make bench      - run the benchmarks and write benchmarks/RESULTS.md"
+	@echo "make bench      - run the benchmarks, write benchmarks/RESULTS.md and scaling.svg"
 	@echo "make docs       - serve the documentation site on http://127.0.0.1:8000 (mkdocs serve)"
 
 uv:
@@ -125,6 +125,7 @@ test-fast: lint
 	$(VENV)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
+	@$(VENV)/bin/python -c 'import matplotlib' 2>/dev/null || $(VENV)/bin/python -m pip install -q -e '.[bench]'
 	$(VENV)/bin/python -m benchmarks
 
 clean:

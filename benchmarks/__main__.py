@@ -29,6 +29,7 @@ MODULES = [
     "benchmarks.bench_secrets",
     "benchmarks.bench_eval",
     "benchmarks.bench_patch_watch",
+    "benchmarks.bench_scaling",  # also draws benchmarks/scaling.svg
     # Last: declaring an effect is for the whole process (every ``with`` then opens a unit).
     "benchmarks.bench_effects",
 ]

@@ -4,9 +4,10 @@ Each sample is a fresh interpreter, no ``OPENAI_*`` variable, ``CrashOverride()`
 model instance or base URL. The time runs from the ``raise`` inside the protected block to the
 exception (with its note) arriving at the caller's ``except``; neither the SDK nor the run
 machinery (anyio, the placements, the agent) is imported on the way, and no thread starts.
-Measured cold (the first failure also imports the recovery's record and structlog, which
-imports asyncio) and with the recovery machinery already imported, as in a server whose
-middleware warmed up at startup.
+Nor is structlog (it imports asyncio, and twisted or rich when installed): a process that never
+imported it cannot be listening, so the refusal's event is not emitted there. Measured cold (the
+first failure imports the recovery's record) and with the recovery machinery already imported,
+as in a server whose middleware warmed up at startup.
 
     python -m benchmarks.bench_credentials
 """
@@ -38,7 +39,8 @@ try:
 except ValueError as exc:
     took = (time.perf_counter() - began) * 1000
     note = exc.__notes__[0]
-print(json.dumps({"ms": took, "note": note, "sdk": "agents" in sys.modules}))
+print(json.dumps({"ms": took, "note": note, "sdk": "agents" in sys.modules,
+                  "structlog": "structlog" in sys.modules}))
 """
 
 
@@ -62,7 +64,8 @@ def run() -> list[Row]:
         row("first failure without credentials, fresh interpreter: exception back with its note",
             statistics.median(times), "ms", target="< 50 ms",
             note=f"median of {REPEATS} (worst {max(times):.1f} ms); SDK imported: {imported}; "
-                 "includes importing the recovery record and structlog (which imports asyncio); "
+                 "includes importing the recovery record; structlog imported: "
+                 f"{any(s['structlog'] for s in samples)}; "
                  f"note: {note}"),
         row("first failure without credentials, recovery machinery already imported (warmed up)",
             statistics.median(loaded), "ms", target="< 50 ms",

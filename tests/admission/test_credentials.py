@@ -22,7 +22,8 @@ except ValueError as exc:
 loaded = sorted({m.split(".")[0] for m in sys.modules} & {"agents", "openai", "httpx2", "mcp"})
 machinery = sorted(set(sys.modules) & {"anyio", "crashoverride._core.pipeline",
     "crashoverride._agent.run", "crashoverride._placement.bridge",
-    "crashoverride._placement.owner_thread"})
+    "crashoverride._placement.owner_thread", "structlog", "asyncio", "concurrent.futures",
+    "logging", "hashlib"})
 threads = sorted(t.name for t in __import__("threading").enumerate())
 print(json.dumps({"notes": notes, "loaded": loaded, "machinery": machinery, "threads": threads}))
 """
@@ -60,6 +61,38 @@ def test_without_a_key_the_run_machinery_is_not_even_imported() -> None:
 
 
 @pytest.mark.slow
+def test_without_a_key_structlog_is_imported_only_by_the_application() -> None:
+    # Issue 25 §5: structlog (and the asyncio its stdlib module imports) was most of that
+    # first failure's time. Nobody can be listening to a structlog nobody imported, so the
+    # refusal's event is not emitted then (the note says it all); an application that
+    # imported structlog gets the event.
+    code = _PROBE.replace(
+        "from crashoverride import CrashOverride\n",
+        "from crashoverride import CrashOverride\n"
+        "import structlog\n"
+        "from structlog.testing import capture_logs\n",
+    ).replace(
+        'try:\n    with co.handler(prompt="x"):\n        raise ValueError("boom")\n'
+        'except ValueError as exc:\n    notes = getattr(exc, "__notes__", [])\n',
+        "with capture_logs() as logs:\n"
+        "    try:\n"
+        '        with co.handler(prompt="x"):\n'
+        '            raise ValueError("boom")\n'
+        "    except ValueError as exc:\n"
+        '        notes = getattr(exc, "__notes__", [])\n'
+        'print(json.dumps([e["event"] for e in logs]))\n',
+    )
+    assert "capture_logs() as logs" in code
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")},
+    )  # fmt: skip
+    events_line, result_line = done.stdout.strip().splitlines()[-2:]
+    assert json.loads(events_line) == ["recovery.failed"]
+    assert "no API key" in json.loads(result_line)["notes"][0]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_async_first_failure_without_a_key_fails_clearly_too(backend: str) -> None:
     code = _PROBE.replace(
@@ -77,7 +110,9 @@ def test_async_first_failure_without_a_key_fails_clearly_too(backend: str) -> No
     assert "anyio.run(main, backend=" in code
     result = _probe(code)
     assert result["loaded"] == []
-    assert result["machinery"] == ["anyio"]  # the test's own anyio.run; nothing of ours
+    # The test's own anyio.run (and what anyio imports); nothing of ours.
+    assert "anyio" in result["machinery"]
+    assert not {"structlog", "crashoverride._core.pipeline"} & set(result["machinery"])
     (note,) = result["notes"]  # type: ignore[misc]
     assert "no API key" in note
 

@@ -13,10 +13,13 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
+    # Imported where a future is made: ``concurrent.futures`` imports ``logging``, and a failure
+    # refused at admission (no credentials) builds these limits without ever waiting on one.
+    from concurrent.futures import Future
+
     from crashoverride._admission.coordination import Coordination
 
 
@@ -30,6 +33,8 @@ class Slots:
 
     def acquire(self) -> Future[None]:
         """Return a future that completes when a slot is held (already done if one was free)."""
+        from concurrent.futures import Future
+
         future: Future[None] = Future()
         with self._lock:
             if self._free > 0 and not self._waiters:
@@ -66,6 +71,8 @@ class Flight:
     __slots__ = ("done", "fingerprint")
 
     def __init__(self, fingerprint: str) -> None:
+        from concurrent.futures import Future
+
         self.fingerprint = fingerprint
         # Result: True when the leader recovered, False otherwise.
         self.done: Future[bool] = Future()

@@ -3,14 +3,14 @@
 Admission's first question, whether any model can be reached, is answered here, before the
 run machinery (anyio, the placements, the agent and its tools) is imported: a recovery that
 cannot run must give the user's exception back in milliseconds. Only what that answer needs
-(the record, structlog for its event) is imported with this module.
+(the record) is imported with this module; not even structlog (it imports asyncio, and more):
+the refusal's event goes to a structlog that is already loaded, else nowhere
+(``_observe.events.emit``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, TypeVar
-
-import structlog  # noqa: F401  (loaded with this module; async callers load it off the loop)
 
 from crashoverride._admission.credentials import missing_credentials
 from crashoverride._agent.state import AgentRun

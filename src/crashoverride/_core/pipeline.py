@@ -23,6 +23,7 @@ from inspect import isawaitable
 from typing import Protocol, TypeVar
 
 import anyio
+import structlog  # noqa: F401  (a recovery that runs emits: async callers load it off the loop)
 
 from crashoverride._agent import run as _agent
 from crashoverride._agent.namespace import AgentInterrupted

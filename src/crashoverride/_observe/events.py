@@ -8,6 +8,7 @@ Emitting must never disturb a recovery, so a failing logging pipeline is contain
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -114,9 +115,18 @@ BACKGROUND_CANCELLED: Final = fixed("background.cancelled")
 
 
 def emit(level: str, event: Redacted, **fields: Field) -> None:
-    try:
-        import structlog
+    """Emit ``event`` to structlog, if structlog is loaded.
 
+    A process that never imported structlog cannot have configured it, nor be capturing its
+    events: the event would only be printed by structlog's defaults. Importing it for that (it
+    imports asyncio, and twisted or rich when they are installed) would cost a failure that
+    never reaches the run machinery, one without credentials, most of its time. A recovery that
+    runs loads structlog with ``_core.pipeline``, so its events are emitted as always.
+    """
+    structlog = sys.modules.get("structlog")
+    if structlog is None or not hasattr(structlog, "get_logger"):  # absent, or still importing
+        return
+    try:
         from crashoverride._security.redact import scanned_data
 
         # The last line of defence behind the types: a field that reached here untyped (an

@@ -9,7 +9,7 @@ the thread that owns the frame while that frame is suspended (it is: it is waiti
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, MutableMapping
+from collections.abc import ItemsView, Iterator, KeysView, MutableMapping, ValuesView
 from types import FrameType
 from typing import Any
 
@@ -74,6 +74,25 @@ class CallerLocals(MutableMapping[str, Any]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._live.f_locals))
+
+    # Reading ``f_locals`` on 3.11/3.12 rebuilds the whole dict from the fast locals: the
+    # mixin methods (one ``__getitem__`` per key) would make walking n locals cost n^2. The
+    # views below read the frame once; what they show is the locals at that moment.
+    def snapshot(self) -> dict[str, Any]:
+        """The frame's locals now, read once (a copy: writing to it changes nothing)."""
+        return dict(self._live.f_locals)
+
+    def items(self) -> ItemsView[str, Any]:
+        return self.snapshot().items()
+
+    def keys(self) -> KeysView[str]:
+        return self.snapshot().keys()
+
+    def values(self) -> ValuesView[Any]:
+        return self.snapshot().values()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._live.f_locals.get(name, default)
 
     def __len__(self) -> int:
         return len(self._live.f_locals)

@@ -19,7 +19,6 @@ it would copy the secret into Redis and into every process of the fleet.
 from __future__ import annotations
 
 import functools
-import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -176,6 +175,8 @@ def take(recovery_id: str) -> _Collected | None:
 
 
 def _digest(snippets: tuple[str, ...] | list[str]) -> str:
+    import hashlib  # here: loading OpenSSL is a cost a failure refused at admission never needs
+
     return hashlib.sha256("\0".join(snippets).encode("utf-8", "surrogatepass")).hexdigest()
 
 

@@ -9,7 +9,6 @@ pass.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -76,6 +75,8 @@ class ApprovalRequest(str):
     @classmethod
     def of_json(cls, tool: str, text: str, source: str) -> ApprovalRequest:
         """A call whose arguments arrived as JSON text (what the SDK hands a function tool)."""
+        import json  # only a tool call needs it: not a failure refused at admission
+
         try:
             data = json.loads(text) if text else {}
         except ValueError:

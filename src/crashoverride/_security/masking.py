@@ -29,6 +29,8 @@ _HARMLESS = (bool, int, float, complex, type(None))
 _HARMLESS_SET = frozenset(_HARMLESS)
 _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
            types.MethodType, types.FrameType, types.CodeType, types.TracebackType)  # fmt: skip
+# Around a cut: longer than any secret format the detector knows, PEM blocks aside (``clip``).
+_MARGIN = 600
 
 
 def hidden(name: object, value: object, is_secret: Callable[[str], bool]) -> bool:
@@ -59,7 +61,9 @@ class MaskingRepr(reprlib.Repr):
 
     def repr1(self, x: Any, level: int) -> str:
         if isinstance(x, str):
-            return super().repr1(secrets.mask(x, MASK, self.is_secret), level)
+            return super().repr1(secrets.mask(self._shown(x), MASK, self.is_secret), level)
+        if isinstance(x, bytes | bytearray) and len(x) > self.maxother:
+            return self._long_bytes(x)
         if isinstance(x, dict | types.MappingProxyType) or (
             isinstance(x, Mapping) and type(x).__repr__ is not object.__repr__
         ):
@@ -70,6 +74,28 @@ class MaskingRepr(reprlib.Repr):
             pairs = ((name, getattr(x, name, None)) for name in names)
             return type(x).__name__ + self._items(pairs, len(names), level, "(", "=", ")", True)
         return super().repr1(x, level)
+
+    def _shown(self, text: str) -> str:
+        """The parts of ``text`` a repr of it can show: its head and tail, each with a margin.
+
+        ``repr_str`` keeps fewer than ``maxstring`` characters from each end. Masking the whole
+        of a long string would scan megabytes to show 160 characters; the margin (wider than any
+        secret the detector knows, as ``clip``'s) keeps a secret across the cut whole, so it is
+        still recognised and masked. The newline keeps the two parts from reading as one token.
+        """
+        keep = self.maxstring + _MARGIN
+        if len(text) <= 2 * keep + 1:
+            return text
+        return f"{text[:keep]}\n{text[len(text) - keep :]}"
+
+    def _long_bytes(self, value: bytes | bytearray) -> str:
+        # ``reprlib`` has no bytes rule: it would render all of ``value`` to keep 160 characters.
+        # The same text, from a repr of each end only.
+        limit = self.maxother
+        head, tail = repr(value[:limit]), repr(value[len(value) - limit :])
+        i = max(0, (limit - 3) // 2)
+        j = max(0, limit - 3 - i)
+        return head[:i] + self.fillvalue + tail[len(tail) - j :]
 
     def _items(
         self,
@@ -126,7 +152,11 @@ def secret_values(
     pending: list[tuple[object, object, int]] = []
     for root in roots:
         try:
-            pending.extend((name, value, 1) for name, value in list(root.items()))
+            # The first names only: the budget ends the walk before more are looked at, and
+            # the locals' summary the model reads shows the first ones. (10,000 locals would
+            # otherwise be listed, and pushed here, whole.)
+            items = list(islice(root.items(), _MAX_NODES))
+            pending.extend((name, value, 1) for name, value in items)
         except Exception:  # an exotic mapping must not stop the recovery
             continue
     budget = _MAX_NODES

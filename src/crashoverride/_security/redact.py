@@ -48,6 +48,7 @@ MASK = "[REDACTED]"
 EMPTY = Redacted("")
 # Shorter values are too likely to collide with ordinary text to be masked by value.
 _MIN_SECRET_LENGTH = 6
+_LITERAL_LIMIT = 256  # known values longer than this are masked by ``str.replace``, not a regex
 
 
 class Redaction:
@@ -103,7 +104,7 @@ class RunSettings(Protocol):
 class Redactor:
     """Masks secrets in text, following the built-in rules and a ``Redaction``."""
 
-    __slots__ = ("_pattern", "_policy")
+    __slots__ = ("_long", "_pattern", "_policy")
 
     def __init__(self, extra_values: Iterable[str] = (), policy: Redaction | None = None) -> None:
         self._policy = policy
@@ -115,7 +116,10 @@ class Redactor:
         values.discard(MASK)
         # Longest first so a secret containing another is masked whole.
         ordered = sorted(values, key=len, reverse=True)
-        alternatives = [re.escape(v) for v in ordered]
+        # A long value (a key file, a token cache held under a secret-looking name) is replaced
+        # as a literal: compiling it into the pattern costs time in its length (seconds a MB).
+        self._long = tuple(v for v in ordered if len(v) > _LITERAL_LIMIT)
+        alternatives = [re.escape(v) for v in ordered if len(v) <= _LITERAL_LIMIT]
         if policy is not None:
             # Each keeps the case-insensitivity ``Redaction`` compiled it with.
             alternatives += [f"(?i:{p.pattern})" for p in policy.patterns]
@@ -134,10 +138,14 @@ class Redactor:
         policy = self._policy
         return _secret_under(policy.names if policy is not None else (), name)
 
+    def _known(self, text: str) -> str:
+        """``text`` with the values this redactor knows masked (the long ones first)."""
+        for value in self._long:
+            text = text.replace(value, MASK)
+        return self._pattern.sub(MASK, text) if self._pattern is not None else text
+
     def __call__(self, text: str) -> Redacted:
-        if self._pattern is not None:
-            text = self._pattern.sub(MASK, text)
-        return Redacted(secrets.mask(text, MASK, self.is_secret))
+        return Redacted(secrets.mask(self._known(text), MASK, self.is_secret))
 
     def constant(self, text: str, slots: Mapping[str, str] | None = None) -> Redacted:
         """``self(text)`` for text every recovery sends again (the instructions): the value
@@ -146,8 +154,7 @@ class Redactor:
         ``slots``: placeholders in ``text`` and what replaces each after the scan (a fresh
         fence id), each value redacted on its own, so the cached scan still covers the rest.
         """
-        if self._pattern is not None:
-            text = self._pattern.sub(MASK, text)
+        text = self._known(text)
         if len(text) > _CONSTANT_LIMIT:
             text = secrets.mask(text, MASK, self.is_secret)
         else:
