@@ -23,7 +23,7 @@ ENV: Final = "CRASHOVERRIDE_LEDGER"
 def add_command(commands: Any) -> None:
     show = commands.add_parser(
         "show",
-        help="show recoveries from a ledger (terminal or --html page)",
+        help="show recoveries kept by a ledger, or as an HTML page",
         description="Show recoveries kept by a ledger sink (JsonLinesLedger, RedisStreamLedger):"
         " the exception, every tool call with its code and result, source changes, the "
         "outcome, timings and tokens.",

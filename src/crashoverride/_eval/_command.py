@@ -22,7 +22,7 @@ when any trial was a false success, did damage or broke."""
 def add_command(commands: Any) -> None:
     """Register ``eval`` on the ``crashoverride`` command's subparsers."""
     parser = commands.add_parser(
-        "eval", help="measure how well a model recovers (scenarios with hidden oracles)",
+        "eval", help="measure how well a model recovers, with hidden oracles",
         description=DESCRIPTION,
     )  # fmt: skip
     parser.add_argument("--model", help="model name (default: the SDK's)")
