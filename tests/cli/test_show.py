@@ -198,3 +198,18 @@ def test_the_html_page_is_self_contained(
     assert "default-src 'none'" in page  # and the browser is told to fetch nothing
     assert f"<title>crashoverride: {first.recovery_id}</title>" in page
     assert SECRET not in page
+
+
+def test_an_empty_ledger_and_a_recovery_with_last_are_told_plainly(
+    ledger: tuple[Path, RecoveryReport, RecoveryReport], tmp_path: Path
+) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    shown = _show("--last", "2", "--ledger", str(empty))
+    assert shown.returncode == 2
+    assert shown.stderr.strip() == f"crashoverride show: no recoveries in {empty}"
+    path, first, _ = ledger
+    # A recovery and --last are exclusive: one names what to show, the other how many.
+    both = _show(first.recovery_id, "--last", "2", "--ledger", str(path))
+    assert both.returncode == 2 and both.stdout == ""
+    assert "either a recovery id or --last N, not both" in both.stderr
