@@ -7,6 +7,7 @@ It runs on whichever asyncio loop the bridge chose; tool code goes back through 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import sys
 import threading
@@ -217,14 +218,7 @@ async def run_agent(job: AgentJob, dispatch: Dispatch) -> AgentRun:
 async def _run(
     job: AgentJob, dispatch: Dispatch, run: AgentRun, leases: list[Lease], stop: Any
 ) -> AgentRun:
-    from agents import Agent, MaxTurnsExceeded, RunConfig, RunHooks, Runner
-
-    class Counted(RunHooks[Any]):
-        # Turns and tokens are counted as each model answer arrives, not read off the run's
-        # result: a run that ends without one (max_turns, an endpoint error on a later turn,
-        # the deadline, agent code that exits) still reports the turns it took.
-        async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
-            _count(run, response)
+    from agents import Agent, MaxTurnsExceeded, RunConfig, Runner
 
     settings = job.settings
     await clients.prepare_async()  # at once when the warm-up or the import did it
@@ -264,7 +258,7 @@ async def _run(
             job.input_text,
             max_turns=settings.max_turns,
             run_config=config,
-            hooks=Counted(),
+            hooks=_counting_hooks()(run),
         )
     except MaxTurnsExceeded:
         run.failure = f"max_turns ({settings.max_turns}) exceeded"
@@ -311,6 +305,24 @@ def _endpoint_of(exc: BaseException) -> str:
             break
     netloc = f"[{host}]" if ":" in host else host
     return f"{scheme}://{netloc}{f':{port}' if port else ''}{path.rstrip('/')}"
+
+
+@functools.cache
+def _counting_hooks() -> type:
+    """The SDK run hooks that count turns and tokens as each model answer arrives, not read
+    off the run's result: a run that ends without one (max_turns, an endpoint error on a later
+    turn, the deadline, agent code that exits) still reports the turns it took. One class,
+    made once (a class made per run is a reference cycle holding the run until a collection)."""
+    from agents import RunHooks
+
+    class Counting(RunHooks[Any]):
+        def __init__(self, run: AgentRun) -> None:
+            self.run = run
+
+        async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+            _count(self.run, response)
+
+    return Counting
 
 
 def _count(run: AgentRun, response: Any) -> None:
