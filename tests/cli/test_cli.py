@@ -217,3 +217,70 @@ def test_help_shows_no_markup() -> None:
         result = _run(*args, "--help")
         assert result.returncode == 0
         assert "``" not in result.stdout, result.stdout
+
+
+# ------------------------------------------------------------------- issue 24 §3: rough edges
+
+
+def test_version_is_the_package_metadata_version() -> None:
+    import importlib.metadata
+
+    import crashoverride
+
+    assert crashoverride.__version__ == importlib.metadata.version("crashoverride")
+    result = _run("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"crashoverride {crashoverride.__version__}"
+
+
+def test_help_lists_every_command_with_a_one_line_description() -> None:
+    result = _run("--help", env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any("--version" in line for line in lines)
+    for command in ("demo", "doctor", "eval", "show"):
+        (entry,) = [line for line in lines if line.split()[:1] == [command]]
+        described = entry.split(None, 1)[1:]
+        assert described and len(described[0]) > 10, entry  # its description, on its own line
+
+
+def test_doctor_loads_a_celery_app_from_the_current_directory(tmp_path: Any) -> None:
+    # As ``celery -A shop worker`` does: the project directory is on the path.
+    (tmp_path / "shop.py").write_text(
+        "from celery import Celery\n"
+        "app = Celery('shop', broker='redis://127.0.0.1:6379/12')\n"
+    )  # fmt: skip
+    # ``python -m`` would put the directory on the path itself; the installed command does
+    # not (``-P``: run the module as the console script runs ``main``).
+    result = subprocess.run(
+        [sys.executable, "-P", "-m", "crashoverride", "doctor", "--json", "--celery-app",
+         "shop:app"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    report = json.loads(result.stdout)
+    celery = _check(report, "celery follow-up queue")
+    assert "could not load" not in celery["detail"], celery
+    assert "No module named" not in celery["detail"], celery
+    assert "no running worker consumes" in celery["detail"], celery
+
+
+def test_doctor_lists_the_extras_of_the_package_metadata() -> None:
+    import importlib.metadata
+
+    extras = set(importlib.metadata.metadata("crashoverride").get_all("Provides-Extra") or ())
+    report = _doctor("--base-url", "http://127.0.0.1:9/v1")
+    shown = {c["name"].removeprefix("extra ") for c in report["checks"]
+             if c["name"].startswith("extra ")}  # fmt: skip
+    assert shown == extras - {"all", "dev"}
+    assert {"redis", "otel", "sentry", "celery"} <= shown and "trio" not in shown
+    for name in shown:
+        detail = _check(report, f"extra {name}")["detail"]
+        assert detail.startswith("installed") or f"pip install 'crashoverride[{name}]'" in detail
+
+
+def test_doctor_says_whether_the_asgi_warm_up_would_be_skipped() -> None:
+    skipped = _check(_doctor(), "ASGI lifespan warm-up")
+    assert skipped["detail"].startswith("skipped: no API key"), skipped
+    runs = _check(_doctor("--base-url", "http://127.0.0.1:9/v1"), "ASGI lifespan warm-up")
+    assert runs["detail"].startswith("runs"), runs

@@ -198,3 +198,87 @@ def test_the_html_page_is_self_contained(
     assert "default-src 'none'" in page  # and the browser is told to fetch nothing
     assert f"<title>crashoverride: {first.recovery_id}</title>" in page
     assert SECRET not in page
+
+
+def test_an_empty_ledger_and_a_recovery_with_last_are_told_plainly(
+    ledger: tuple[Path, RecoveryReport, RecoveryReport], tmp_path: Path
+) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    shown = _show("--last", "2", "--ledger", str(empty))
+    assert shown.returncode == 2
+    assert shown.stderr.strip() == f"crashoverride show: no recoveries in {empty}"
+    path, first, _ = ledger
+    # A recovery and --last are exclusive: one names what to show, the other how many.
+    both = _show(first.recovery_id, "--last", "2", "--ledger", str(path))
+    assert both.returncode == 2 and both.stdout == ""
+    assert "either a recovery id or --last N, not both" in both.stderr
+
+
+def test_a_live_replace_function_fix_is_shown_as_a_diff(tmp_path: Path) -> None:
+    from tests.cli import prices_app
+
+    path = tmp_path / "live.jsonl"
+    fixed = "def price_of(item):\n    return item['cost']\n"
+    co = CrashOverride(
+        model=Script(
+            exec_python(f"import tests.cli.prices_app as m\nreplace_function(m.price_of, {fixed!r})"
+                        "\ncaller['price'] = m.price_of(item)"),
+            done("price_of reads 'cost' now"),
+        ).model(),
+        on_recovery=JsonLinesLedger(path),
+    )  # fmt: skip
+    original = prices_app.price_of.__code__
+    item = {"cost": 3.5}
+    price = 0.0
+    handler = co.handler(name="prices")
+    try:
+        with handler:
+            price = prices_app.price_of(item)
+    finally:
+        patched = prices_app.price_of.__code__
+        prices_app.price_of.__code__ = original
+    assert price == 3.5 and patched is not original
+    assert handler.report is not None
+    rec = handler.report.recovery_id
+    shown = _show(rec, "--ledger", str(path))
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert "Source changes" in out and "tests.cli.prices_app.price_of (live;" in out
+    assert '-    return item["price"]' in out and "+    return item['cost']" in out
+    page_path = tmp_path / "live.html"
+    assert _show(rec, "--ledger", str(path), "--html", str(page_path)).returncode == 0
+    page = page_path.read_text()
+    assert '<span class="add">+    return item[&#x27;cost&#x27;]</span>' in page
+    assert '<span class="del">-    return item[&quot;price&quot;]</span>' in page
+
+
+def test_a_request_s_report_says_its_method_path_and_request_id(tmp_path: Path) -> None:
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from crashoverride.integrations.asgi import CrashOverrideMiddleware
+
+    async def order(request: object) -> None:
+        raise LookupError("order 7")
+
+    path = tmp_path / "requests.jsonl"
+    co = CrashOverride(model=Script(give_up("no such order")).model(),
+                       on_recovery=JsonLinesLedger(path))  # fmt: skip
+    app = Starlette(routes=[Route("/orders/7", order, methods=["PUT"])],
+                    middleware=[Middleware(CrashOverrideMiddleware, crash_override=co,
+                                           warm_up=False)])  # fmt: skip
+    with TestClient(app, raise_server_exceptions=False) as client:
+        answer = client.put("/orders/7", headers={"x-request-id": "req-4711"})
+    assert answer.status_code == 500
+    shown = _show("--last", "1", "--ledger", str(path))
+    assert shown.returncode == 0, shown.stderr
+    facts = shown.stdout.split("Exception\n")[0]
+    assert "Request" in facts and "PUT /orders/7 (request id req-4711)" in facts, facts
+    page_path = tmp_path / "requests.html"
+    assert _show("--last", "1", "--ledger", str(path), "--html", str(page_path)).returncode == 0
+    assert "<tr><th>Request</th><td>PUT /orders/7 (request id req-4711)</td></tr>" in (
+        page_path.read_text()
+    )

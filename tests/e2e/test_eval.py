@@ -118,10 +118,21 @@ def test_the_command_prints_the_table_and_writes_json(
     assert {t["verdict"] for t in document["trials"]} == {"recovered", "correct_give_up"}
 
 
-def test_the_command_exits_1_on_a_false_success(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["eval", "--scripted", "double_charges", "--scenario", "task.*"])
+def test_the_command_exits_1_on_a_model_s_false_success(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A "model" behind an endpoint that plays the agent which charges twice: for a model, a
+    # false success is a failed run.
+    from crashoverride.testing import MockServer
+
+    scenario = next(s for s in SCENARIOS if s.name == "task.charged_then_failed")
+    with MockServer(scenario.bad["double_charges"]) as server:
+        code = main(["eval", "--base-url", server.base_url, "--model", "m",
+                     "--scenario", scenario.name])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "FALSE SUCCESSES: 1" in printed
+    assert "FAILED: task.charged_then_failed [model] (false_success)" in printed
     assert code == 1
-    assert "FALSE SUCCESSES: 1" in capsys.readouterr().out
 
 
 def test_an_endpoint_that_never_answers_scores_no_give_up() -> None:
@@ -258,7 +269,9 @@ def test_the_command_says_which_scripted_agents_were_contained(
 ) -> None:
     code = main(["eval", "--scripted", "double_charges", "--scenario", "*.charged_then_failed"])
     printed = capsys.readouterr().out
-    assert code == 1  # the undeclared twin's double charge is a false success
+    # The undeclared twin's double charge is a false success, caught; the declared one is
+    # contained: the suite did its job.
+    assert code == 0
     assert "task.charged_then_failed [double_charges]  " in printed
     assert "effects.charged_then_failed [double_charges] (contained)" in printed
     assert "FALSE SUCCESSES: 1" in printed
@@ -287,3 +300,65 @@ def test_the_patch_watch_reverts_a_patch_that_breaks_the_next_rows() -> None:
     assert (twin.role, twin.verdict) == ("bad", "false_success"), twin
     assert next(c.oracle for c in twin.checks if not c.passed) == LATER
     assert not [e for e in logs if e["event"] == "recovery.patch_reverted"]
+
+
+# -- the command's rough edges (issue 24 §3) ---------------------------------------------------
+
+
+def test_an_unknown_scripted_agent_is_refused_at_once_naming_the_known_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["eval", "--scripted", "nonsense_agent"]) == 2
+    printed = capsys.readouterr()
+    assert "[" not in printed.err  # no progress bar: nothing was started
+    assert "no scenario matched" not in printed.err
+    assert "unknown scripted agent 'nonsense_agent'" in printed.err
+    for known in ("reference", "bad", "contained", "double_charges", "breaks_later"):
+        assert known in printed.err
+
+
+def test_scripted_bad_exits_0_when_every_bad_agent_was_caught(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The suite did its job: it is a CI check of the scenarios and oracles.
+    code = main(["eval", "--scripted", "bad", "--scenario", "asgi.renamed_field"])
+    printed = capsys.readouterr().out
+    assert "FALSE SUCCESSES: " in printed and "FALSE SUCCESSES: 0" not in printed
+    assert code == 0, printed
+    assert "every bad agent was caught" in printed
+
+
+def test_scripted_bad_exits_1_when_a_bad_agent_slips_through(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A scenario whose oracles miss a "bad" agent: here, one that is the reference itself.
+    import crashoverride._eval._runner as runner
+
+    real = next(s for s in SCENARIOS if s.name == "asgi.renamed_field")
+    weak = dataclasses.replace(real, bad={**real.bad, "not_bad_at_all": real.reference})
+    monkeypatch.setattr(runner, "catalogue", lambda patterns=("*",): [weak])
+    code = main(["eval", "--scripted", "bad"])
+    printed = capsys.readouterr().out
+    assert code == 1, printed
+    assert "SLIPPED THROUGH: asgi.renamed_field [not_bad_at_all] (recovered)" in printed
+
+
+def test_the_exit_status_is_documented_in_the_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "Exit status:" in shown
+    assert "--scripted bad" in shown and "slipped through" in shown
+
+
+def test_the_list_keeps_its_columns_for_long_scenario_names(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["eval", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("revert.patch_breaks_later_unwatched ") for line in lines)
+    kinds = {line.index(f" {kind} ") for line in lines for kind in ("asgi", "task", "scraper")
+             if f" {kind} " in line}  # fmt: skip
+    assert len(kinds) == 1, lines
+    abouts = {line.index(s.about) for line, s in zip(lines, SCENARIOS, strict=True)}
+    assert len(abouts) == 1, lines

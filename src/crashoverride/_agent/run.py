@@ -7,6 +7,7 @@ It runs on whichever asyncio loop the bridge chose; tool code goes back through 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import sys
 import threading
@@ -253,7 +254,11 @@ async def _run(
         # No deadline of its own: the pipeline's one cancel scope ends the run at the deadline,
         # and the pipeline judges the block's evidence afterwards.
         result = await Runner.run(
-            agent, job.input_text, max_turns=settings.max_turns, run_config=config
+            agent,
+            job.input_text,
+            max_turns=settings.max_turns,
+            run_config=config,
+            hooks=_counting_hooks()(run),
         )
     except MaxTurnsExceeded:
         run.failure = f"max_turns ({settings.max_turns}) exceeded"
@@ -261,6 +266,9 @@ async def _run(
         run.failure = str(exc)
     except Exception as exc:
         run.failure = f"{type(exc).__name__}: {clip(job.redact(str(exc)), 500)}"
+        where = _endpoint_of(exc)
+        if where:  # "Connection error." alone does not say which endpoint could not be reached
+            run.failure += f" ({job.redact(f'endpoint {where}')})"
         details = getattr(exc, "run_data", None)
         result = details if details is not None else None
     if result is not None:
@@ -276,11 +284,53 @@ async def _close(leases: list[Lease]) -> None:
 def _collect(run: AgentRun, result: Any) -> None:
     final = getattr(result, "final_output", None)
     run.final_output = "" if final is None else clip(str(final), 2_000)
-    run.turns = len(getattr(result, "raw_responses", ()) or ())
-    usage = getattr(getattr(result, "context_wrapper", None), "usage", None)
-    if usage is not None:
-        run.usage = Usage(
-            requests=int(getattr(usage, "requests", 0) or 0),
-            input_tokens=int(getattr(usage, "input_tokens", 0) or 0),
-            output_tokens=int(getattr(usage, "output_tokens", 0) or 0),
-        )
+
+
+def _endpoint_of(exc: BaseException) -> str:
+    """The base URL a connection error (or timeout) of the ``openai`` client was trying to reach,
+    without credentials or query: its scheme, host, port and path up to the API's operation."""
+    from openai import APIConnectionError
+
+    if not isinstance(exc, APIConnectionError):
+        return ""
+    url = getattr(getattr(exc, "request", None), "url", None)
+    host, scheme = getattr(url, "host", ""), getattr(url, "scheme", "")
+    if not (host and scheme):
+        return ""
+    port = getattr(url, "port", None)
+    path = str(getattr(url, "path", "") or "")
+    for operation in ("/chat/completions", "/responses"):  # what the SDK appends to the base
+        if path.endswith(operation):
+            path = path[: -len(operation)]
+            break
+    netloc = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{netloc}{f':{port}' if port else ''}{path.rstrip('/')}"
+
+
+@functools.cache
+def _counting_hooks() -> type:
+    """The SDK run hooks that count turns and tokens as each model answer arrives, not read
+    off the run's result: a run that ends without one (max_turns, an endpoint error on a later
+    turn, the deadline, agent code that exits) still reports the turns it took. One class,
+    made once (a class made per run is a reference cycle holding the run until a collection)."""
+    from agents import RunHooks
+
+    class Counting(RunHooks[Any]):
+        def __init__(self, run: AgentRun) -> None:
+            self.run = run
+
+        async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+            _count(self.run, response)
+
+    return Counting
+
+
+def _count(run: AgentRun, response: Any) -> None:
+    """One model answer: a turn, and the tokens it used."""
+    usage = getattr(response, "usage", None)
+    run.turns += 1
+    run.usage = Usage(
+        requests=run.usage.requests + int(getattr(usage, "requests", 0) or 0),
+        input_tokens=run.usage.input_tokens + int(getattr(usage, "input_tokens", 0) or 0),
+        output_tokens=run.usage.output_tokens + int(getattr(usage, "output_tokens", 0) or 0),
+    )

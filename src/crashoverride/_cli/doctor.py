@@ -15,6 +15,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -202,13 +203,11 @@ def checks(
     sdk = _version("openai-agents")
     found.append(Check("openai-agents", "ok" if sdk else "fail", sdk or "not installed"))
     found.append(Check("openai", "info", _version("openai") or "not installed"))
-    for dist in ("starlette", "celery", "uvicorn", "trio"):
-        present = importlib.util.find_spec(dist) is not None
-        shown = (_version(dist) or "installed") if present else "not installed"
-        found.append(Check(f"extra {dist}", "info", shown))
+    found.extend(_extras())
     key = os.environ.get("OPENAI_API_KEY")
     shown_key = "configured (OPENAI_API_KEY, not shown)" if key else "not configured"
     found.append(Check("API key", "info", shown_key))
+    found.append(_warm_up(base_url, model))
     target = _target(base_url, model)
     found.append(target if isinstance(target, Check) else probe(target, timeout))
     found.append(_celery_check(celery_app))
@@ -218,6 +217,69 @@ def checks(
         Check("SDK tracing", "info", tracing + ("; also off globally" if tracing_off else ""))
     )
     return found
+
+
+# Extras that only gather others (``all``) or serve this repository (``dev``): not features.
+_GATHERING = frozenset({"all", "dev"})
+_REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+_OF_EXTRA = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
+
+
+def _extras() -> list[Check]:
+    """One line per extra the installed package declares: installed, or how to install it."""
+    try:
+        meta = importlib.metadata.metadata("crashoverride")
+    except importlib.metadata.PackageNotFoundError:
+        return [Check("extras", "info", "unknown: crashoverride is not installed as a package")]
+    needs: dict[str, list[str]] = {}
+    for extra in meta.get_all("Provides-Extra") or ():
+        if extra not in _GATHERING:
+            needs[extra] = []
+    for requirement in meta.get_all("Requires-Dist") or ():
+        marker = _OF_EXTRA.search(requirement)
+        name = _REQUIREMENT.match(requirement)
+        if marker is not None and name is not None and marker.group(1) in needs:
+            needs[marker.group(1)].append(name.group(1))
+    found = []
+    for extra, dists in sorted(needs.items()):
+        versions = [(dist, _version(dist)) for dist in dists]
+        absent = [dist for dist, version in versions if version is None]
+        if absent:
+            detail = (
+                f"not installed ({', '.join(absent)} missing): pip install 'crashoverride[{extra}]'"
+            )
+        else:
+            detail = "installed (" + ", ".join(f"{d} {v}" for d, v in versions) + ")"
+        found.append(Check(f"extra {extra}", "info", detail))
+    return found
+
+
+def _warm_up(base_url: str | None, model: str | None) -> Check:
+    """Whether ``CrashOverrideMiddleware`` would import the Agents SDK at lifespan startup: not
+    when no recovery could reach a model (the same admission check a recovery asks first)."""
+    from crashoverride._admission.credentials import missing_credentials
+    from crashoverride._config.settings import Settings
+    from crashoverride._errors import ConfigurationError
+
+    name = "ASGI lifespan warm-up"
+    try:
+        settings = Settings.for_app(base_url=base_url, model=model)
+    except ConfigurationError as exc:
+        return Check(name, "info", f"not known: {exc}")
+    missing = missing_credentials(settings)
+    if missing is not None:
+        return Check(name, "info", f"skipped: {missing}; no recovery could run, so the "
+                     "middleware does not import the Agents SDK at startup")  # fmt: skip
+    return Check(name, "info", "runs: the middleware imports the Agents SDK at lifespan "
+                 "startup, so the first recovery does not wait for it")  # fmt: skip
+
+
+def _importable_here() -> None:
+    # ``celery -A shop worker`` finds ``shop`` in the directory it is started from; the
+    # ``crashoverride`` console script does not put that directory on the path, so do it here.
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
 
 
 def _celery_check(spec: str | None) -> Check:
@@ -232,6 +294,7 @@ def _celery_check(spec: str | None) -> Check:
 
         # By name: ``integrations`` is mapped into the package at install time.
         support = importlib.import_module("crashoverride.integrations.celery")
+        _importable_here()
         app = symbol_by_name(spec)
     except Exception as exc:
         return Check(name, "fail", f"could not load {spec!r}: {type(exc).__name__}: {exc}")

@@ -1,4 +1,4 @@
-"""The ``crashoverride`` command: ``demo`` (offline by default) and ``doctor`` (see _doctor)."""
+"""The ``crashoverride`` command: ``demo``, ``doctor``, ``eval`` (in ``_eval``) and ``show``."""
 
 from __future__ import annotations
 
@@ -135,10 +135,16 @@ def doctor(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from crashoverride._version import __version__
+
     parser = argparse.ArgumentParser(
-        prog="crashoverride", description="crashoverride: the offline demo and the doctor."
+        prog="crashoverride",
+        description="crashoverride: an agentic exception handler for Python. "
+        "'crashoverride COMMAND --help' describes a command's options.",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"crashoverride {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     title="commands")  # fmt: skip
     listing = "\n".join(f"  {name:<11} {text}" for name, text in SCENES.items())
     run_demo = commands.add_parser(
         "demo",
@@ -161,8 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="check that a recovery could run right now",
         description="Check that a recovery could run right now: Python support, the Agents "
         "SDK, credentials, and one real minimal request to the model endpoint (OPENAI_API_KEY "
-        "and OPENAI_BASE_URL are read from the environment). The first line is the verdict; "
-        "exit status 0 only when healthy.",
+        "and OPENAI_BASE_URL are read from the environment); it also lists the extras "
+        "installed and whether the ASGI middleware's lifespan warm-up would run. The first "
+        "line is the verdict; exit status 0 only when healthy.",
     )
     check.add_argument("--base-url", help="the base_url= your CrashOverride uses, if any")
     check.add_argument("--model", help="the model= your CrashOverride uses (default: the SDK's)")

@@ -23,13 +23,14 @@ ENV: Final = "CRASHOVERRIDE_LEDGER"
 def add_command(commands: Any) -> None:
     show = commands.add_parser(
         "show",
-        help="show recoveries from a ledger (terminal or --html page)",
+        help="show recoveries kept by a ledger, or as an HTML page",
         description="Show recoveries kept by a ledger sink (JsonLinesLedger, RedisStreamLedger):"
         " the exception, every tool call with its code and result, source changes, the "
         "outcome, timings and tokens.",
     )
     show.add_argument("recovery_id", nargs="?", help="the recovery to show (rec_...)")
-    show.add_argument("--last", type=int, metavar="N", help="the last N recoveries instead")
+    show.add_argument("--last", type=int, metavar="N",
+                      help="the last N recoveries instead (not with a recovery id)")  # fmt: skip
     show.add_argument("--ledger", metavar="PATH|redis://...",
                       help=f"the ledger to read (default: ${ENV})")  # fmt: skip
     show.add_argument("--html", metavar="OUT.html",
@@ -69,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"no ledger: pass --ledger PATH|redis://... or set {ENV}")
     if args.recovery_id is None and args.last is None:
         return _fail("name a recovery (rec_...) or pass --last N")
+    if args.recovery_id is not None and args.last is not None:
+        return _fail("either a recovery id or --last N, not both")
     if args.last is not None and args.last < 1:
         return _fail("--last must be at least 1")
     try:
@@ -78,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # a Redis that does not answer, say
         return _fail(f"cannot read the ledger: {type(exc).__name__}: {exc}")
     if not reports:
-        what = args.recovery_id or "no recoveries"
-        return _fail(f"{what} not found in {source}")
+        if args.recovery_id is not None:
+            return _fail(f"{args.recovery_id} not found in {source}")
+        return _fail(f"no recoveries in {source}")
     if args.html:
         from crashoverride._cli.show_html import page
 

@@ -9,6 +9,7 @@ flight handed on, and every reference into the failed frame dropped.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from crashoverride._config.settings import Settings
 from crashoverride._core.block import Block
 from crashoverride._effects.journal import Unit
 from crashoverride._observe import events, observers
-from crashoverride._observe.report import RecoveryReport, Usage
+from crashoverride._observe.report import RecoveryReport, SourceChange, Usage
 from crashoverride._placement.deadline import Deadline
 from crashoverride._security.audit import ToolCallRecord
 from crashoverride._security.notes import add_note, note_internal_error
@@ -141,6 +142,7 @@ class Recovery:
                 **block.fields,
             }
         )
+        self.occurrence = dict(block.fields)  # the report's, redacted when it is made
         self.watch = observers.start(self)  # here: the owner's context parents the span
 
     # -- events ----------------------------------------------------------------------------
@@ -203,11 +205,25 @@ class Recovery:
             duration_ms=round((time.monotonic() - self.t0) * 1000, 3),
             waited_ms=round(self.waited * 1000, 3),
             mode=redact(self.settings.mode),
-            source_changes=tuple(self.editor.changes) if self.editor is not None else (),
+            source_changes=self._source_changes(),
             fleet_role=fields.get("fleet_role", EMPTY),
             fencing_token=fields.get("fencing_token", 0),
             fix_record=fields.get("fix_record", EMPTY),
+            occurrence=tuple((redact(str(k)), redact(str(v))) for k, v in self.occurrence.items()),
         )  # fmt: skip
+
+    def _source_changes(self) -> tuple[SourceChange, ...]:
+        """Files written or proposed, then live functions whose code agent code swapped."""
+        written = tuple(self.editor.changes) if self.editor is not None else ()
+        journal = sys.modules.get("crashoverride._repair.journal")
+        if journal is None:  # nothing was patched: the journal was never needed
+            return written
+        redact = self.redact
+        live = tuple(
+            SourceChange(redact(name), "live", redact(diff), redact(file))
+            for name, file, diff in journal.live_diffs(self.id)
+        )
+        return written + live
 
     # -- conclusions (each ends the recovery; the first one wins) ---------------------------
 

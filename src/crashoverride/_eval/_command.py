@@ -15,14 +15,20 @@ Hidden oracles judge each recovery against ground truth the agent never sees. Ta
 OpenAI-compatible endpoint (--base-url; the key is read from OPENAI_API_KEY). --scripted plays
 the suite's own scripted agents through a local mock endpoint instead: that checks the
 scenarios and oracles, and measures no model (--scripted contained: the agents that charge or
-mail twice, against applications that declare their effects with co.effect). Exit status 1
-when any trial was a false success, did damage or broke."""
+mail twice, against applications that declare their effects with co.effect).
+
+Exit status: 0 when the run did what it checks, 1 when it did not, 2 for a usage error. For a
+model: 1 when any trial was a false success, did damage or measured nothing (error).
+--scripted reference: 1 unless every reference agent was judged correct. --scripted bad (or a
+bad agent's name): 0 when every bad agent was caught, 1 when one slipped through (judged
+correct) or broke, so it serves as a CI check of the suite. --scripted contained: 1 when a
+contained agent still did harm or broke."""
 
 
 def add_command(commands: Any) -> None:
     """Register ``eval`` on the ``crashoverride`` command's subparsers."""
     parser = commands.add_parser(
-        "eval", help="measure how well a model recovers (scenarios with hidden oracles)",
+        "eval", help="measure how well a model recovers, with hidden oracles",
         description=DESCRIPTION,
     )  # fmt: skip
     parser.add_argument("--model", help="model name (default: the SDK's)")
@@ -80,7 +86,7 @@ def _drop(*_: Any) -> Any:
 def main(args: argparse.Namespace) -> int:
     from crashoverride._errors import ConfigurationError
     from crashoverride._eval._results import as_json, table
-    from crashoverride._eval._runner import Target, catalogue, run_suite
+    from crashoverride._eval._runner import BAD, Target, catalogue, run_suite, slipped
 
     missing = [name for name in ("starlette", "celery") if importlib.util.find_spec(name) is None]
     if missing:  # the applications are Starlette apps and Celery tasks
@@ -88,10 +94,15 @@ def main(args: argparse.Namespace) -> int:
               "pip install 'crashoverride[all]'", file=sys.stderr)  # fmt: skip
         return 2
     if args.list:
-        for scenario in catalogue(args.scenario or ["*"]):
-            trap = " trap" if scenario.trap else ""
-            print(f"{scenario.name:<32} {scenario.kind:<8} {scenario.expect:<8}{trap:<5} "
-                  f"{scenario.about}")  # fmt: skip
+        listed = catalogue(args.scenario or ["*"])
+        # Every column as wide as its longest entry: a long name must not shift the others.
+        name = max((len(s.name) for s in listed), default=0)
+        kind = max((len(s.kind) for s in listed), default=0)
+        expect = max((len(s.expect) for s in listed), default=0)
+        for scenario in listed:
+            trap = "trap" if scenario.trap else ""
+            print(f"{scenario.name:<{name}}  {scenario.kind:<{kind}}  "
+                  f"{scenario.expect:<{expect}}  {trap:<4}  {scenario.about}")  # fmt: skip
         return 0
     if args.repeat < 1:
         print("--repeat must be at least 1", file=sys.stderr)
@@ -130,5 +141,10 @@ def main(args: argparse.Namespace) -> int:
                 "system_prompt": args.system_prompt or "built-in"}  # fmt: skip
         with open(args.json, "w", encoding="utf-8") as out:
             out.write(as_json(trials, meta) + "\n")
-    harmful = {"false_success", "damaged", "error"}
-    return 1 if any(trial.verdict in harmful for trial in trials) else 0
+    counted = [trial for trial in trials if slipped(trial)]
+    for trial in counted:
+        label = "SLIPPED THROUGH" if trial.role == BAD else "FAILED"
+        print(f"{label}: {trial.scenario} [{trial.agent}] ({trial.verdict})")
+    if not counted and args.scripted == BAD:
+        print("every bad agent was caught by an oracle")
+    return 1 if counted else 0

@@ -218,6 +218,30 @@ def agents_of(scenario: Scenario, agent: str) -> list[tuple[str, str, Script]]:
     return []
 
 
+def known_agents(scenarios: Iterable[Scenario] | None = None) -> list[str]:
+    """What ``--scripted`` accepts: the groups, then every scripted agent's name."""
+    names = {
+        name
+        for scenario in (catalogue() if scenarios is None else scenarios)
+        for name in (*scenario.bad, *scenario.contained)
+    }
+    return [REFERENCE, BAD, CONTAINED, *sorted(names)]
+
+
+def slipped(trial: Trial) -> bool:
+    """Whether ``trial`` is one the exit status counts against the run.
+
+    A model (and a contained agent) must do no harm: a false success, damage or a trial that
+    measured nothing (error) counts. A reference agent must be judged correct. A bad agent must
+    be caught: judged correct (it slipped through the oracles) or broken counts.
+    """
+    if trial.role == REFERENCE:
+        return not trial.correct
+    if trial.role == BAD:
+        return trial.correct or trial.verdict == "error"
+    return trial.verdict in ("false_success", "damaged", "error")
+
+
 def run_suite(
     target: Target,
     *,
@@ -229,13 +253,22 @@ def run_suite(
     """Every matching scenario ``repeat`` times, against ``target`` or scripted agents.
 
     Raises:
-        ConfigurationError: ``target`` is not something ``CrashOverride`` accepts.
+        ConfigurationError: ``target`` is not something ``CrashOverride`` accepts, or
+            ``scripted`` names no scripted agent.
     """
     from crashoverride._app import CrashOverride
+    from crashoverride._errors import ConfigurationError
 
     CrashOverride(**_settings(target))  # a bad setting fails here, not as N failed trials
+    selected = catalogue(patterns)
+    if scripted is not None:
+        known = known_agents(catalogue())
+        if scripted not in known:
+            raise ConfigurationError(
+                "--scripted", f"unknown scripted agent {scripted!r}; known: {', '.join(known)}"
+            )
     plan: list[tuple[Scenario, str, str, Script | None]] = []
-    for scenario in catalogue(patterns):
+    for scenario in selected:
         if scripted is None:
             plan.extend((scenario, "model", "model", None) for _ in range(repeat))
         else:
@@ -249,6 +282,6 @@ def run_suite(
             trials.append(run_trial(scenario, target))
         else:
             trials.append(run_scripted(scenario, played, agent, target, role))
-    if progress is not None:
+    if progress is not None and plan:
         progress(len(plan), len(plan), "done")
     return trials

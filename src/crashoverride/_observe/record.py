@@ -49,4 +49,9 @@ def from_record(data: Mapping[str, Any]) -> RecoveryReport:
     values["source_changes"] = tuple(
         SourceChange(**_known(SourceChange, item)) for item in data.get("source_changes", ())
     )
+    values["occurrence"] = tuple(
+        (str(pair[0]), str(pair[1]))
+        for pair in data.get("occurrence", ())
+        if isinstance(pair, list | tuple) and len(pair) == 2
+    )
     return RecoveryReport(**values)

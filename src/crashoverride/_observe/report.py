@@ -15,13 +15,16 @@ REPAIR = fixed("repair")
 
 @dataclass(frozen=True, slots=True)
 class SourceChange:
-    """A source file a recovery changed (``written``) or proposed a patch for (``proposed``).
+    """A source file a recovery changed (``written``) or proposed a patch for (``proposed``),
+    or a live function whose code agent code replaced in the process (``live``,
+    ``replace_function``: ``path`` names the function, the diff is its old source against new).
 
-    ``file`` is the backup of the previous source, or the ``.patch`` file for review.
+    ``file`` is the backup of the previous source, the ``.patch`` file for review, or (live)
+    the file the function was defined in.
     """
 
     path: Redacted
-    kind: Literal["written", "proposed"]
+    kind: Literal["written", "proposed", "live"]
     diff: Redacted
     file: Redacted
 
@@ -56,6 +59,8 @@ class RecoveryReport:
             answer: coordinated in this process alone). Empty in-process.
         fencing_token: The fleet lease's token of the episode this recovery led or waited for.
         fix_record: The id of the fix record this recovery published or applied.
+        occurrence: What the entry point said of this occurrence, as (name, value) pairs: a
+            request's ``method``, ``path`` and ``request_id``, a task's name and id.
     """
 
     # Every text is redactor output (``Redacted``): the report is what every sink is built
@@ -82,6 +87,7 @@ class RecoveryReport:
     fleet_role: Redacted = EMPTY
     fencing_token: int = 0
     fix_record: Redacted = EMPTY
+    occurrence: tuple[tuple[Redacted, Redacted], ...] = ()
 
     @property
     def recovered(self) -> bool:

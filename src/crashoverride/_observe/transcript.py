@@ -30,6 +30,7 @@ def facts(report: RecoveryReport) -> list[tuple[str, str]]:
         ("Outcome", f"{report.outcome} (via {report.via})"),
         ("Reason", report.reason),
         ("Handler", report.handler),
+        *_occurrence(report),
         ("Exception", report.exc_type),
         ("Fingerprint", report.fingerprint),
         ("Started", when(report)),
@@ -42,6 +43,23 @@ def facts(report: RecoveryReport) -> list[tuple[str, str]]:
         rows.append(("Fleet role", f"{report.fleet_role} (token {report.fencing_token})"))
     if report.fix_record:
         rows.append(("Fix record", report.fix_record))
+    return rows
+
+
+def _occurrence(report: RecoveryReport) -> list[tuple[str, str]]:
+    """A request as one line (method, path, request id); any other field of the entry point
+    (a task's name and id) as one line of ``name=value``."""
+    said: dict[str, str] = {str(k): str(v) for k, v in report.occurrence}
+    rows = []
+    method, path = said.pop("method", ""), said.pop("path", "")
+    request_id = said.pop("request_id", "")
+    if method or path:
+        tail = f" (request id {request_id})" if request_id else ""
+        rows.append(("Request", f"{method} {path}".strip() + tail))
+    elif request_id:
+        said["request_id"] = request_id
+    if said:
+        rows.append(("Occurrence", ", ".join(f"{k}={v}" for k, v in said.items())))
     return rows
 
 

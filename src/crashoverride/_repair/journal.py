@@ -35,6 +35,8 @@ _lock = threading.Lock()
 _pending: OrderedDict[str, dict[str, dict[str, str]]] = OrderedDict()
 # File edits by recovery, until its record is made (``make``) or they are pushed out.
 _files: OrderedDict[str, list[dict[str, str]]] = OrderedDict()
+# Live code swaps by recovery, as diffs for its report (``note_live``, ``live_diffs``).
+_live: OrderedDict[str, dict[str, tuple[str, str, str]]] = OrderedDict()
 # The code objects changes replaced here, by identity (code objects compare equal by content):
 # id -> the code, the function it was replaced in, whether its names were rebound (rather than
 # its code swapped). All weakly held: an entry lasts while a traceback or a caller holds the code.
@@ -145,6 +147,37 @@ def note_file(recovery_id: str, path: str, diff: str) -> None:
         _files.setdefault(recovery_id, []).append(edit)
         _files.move_to_end(recovery_id)
         _bound(_files)
+
+
+def note_live(target: types.FunctionType, file: str, old: str, new: str) -> None:
+    """Agent code of the running recovery swapped ``target``'s code (``replace_function``):
+    keep the unified diff of its ``old`` source against the ``new`` one for the recovery's
+    report. Not redacted here: the report redacts it. A later swap of the same target keeps
+    the first ``old`` (the diff is against what ran before the recovery)."""
+    import difflib
+
+    recovery_id = current_recovery()
+    if recovery_id is None:
+        return
+    name = f"{target.__module__}.{target.__qualname__}"
+    with _lock:
+        swaps = _live.setdefault(recovery_id, {})
+        old = swaps.get(name, ("", old, ""))[1]
+        lines = difflib.unified_diff(
+            old.splitlines(keepends=True), new.splitlines(keepends=True),
+            fromfile=f"a/{name}", tofile=f"b/{name}",
+        )  # fmt: skip
+        diff = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+        swaps[name] = (file, old, diff[:_MAX_DIFF])
+        _live.move_to_end(recovery_id)
+        _bound(_live)
+
+
+def live_diffs(recovery_id: str) -> list[tuple[str, str, str]]:
+    """(function, file, diff) of every live code swap ``recovery_id``'s agent code made."""
+    with _lock:
+        swaps = _live.get(recovery_id, {})
+        return [(name, file, diff) for name, (file, _, diff) in swaps.items()]
 
 
 def _bound(notes: OrderedDict[str, Any]) -> None:

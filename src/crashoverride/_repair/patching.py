@@ -86,14 +86,17 @@ def replace_function(target: Any, new: Any) -> str:
     target.__kwdefaults__ = replacement.__kwdefaults__
     target.__doc__ = replacement.__doc__ or target.__doc__
     from crashoverride._repair import watch
-    from crashoverride._repair.journal import note, supersede
+    from crashoverride._repair.journal import note, note_live, supersede
 
     supersede(replaced, target)
     # Weakly: the watch must not keep a short-lived function (a closure) alive.
     watch.patched(_name(target), replaced, target.__code__,
                   functools.partial(_swap_back, weakref.ref(target), target.__code__, replaced,
                                     before))  # fmt: skip
-    note(target, replaced, new if isinstance(new, str) else source_of(replacement))
+    new_source = new if isinstance(new, str) else source_of(replacement)
+    note(target, replaced, new_source)
+    if found is not None and new_source is not None:
+        note_live(target, found[0], found[2], new_source)
     return f"{target.__module__}.{target.__qualname__} now runs the new code for every caller."
 
 
