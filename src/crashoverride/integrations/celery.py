@@ -40,8 +40,15 @@ import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
-import celery
-from celery._state import _task_stack
+try:
+    import celery
+    from celery._state import _task_stack
+except ImportError as missing:  # named here, with the extra that installs it
+    raise ImportError(
+        f"crashoverride.integrations.celery needs Celery ({missing}): "
+        "pip install 'crashoverride[celery]'",
+        name=missing.name,
+    ) from missing
 
 from crashoverride import followups, integration
 
