@@ -210,9 +210,8 @@ class CrashOverride:
                 return Handler(self, prompt, None)  # raises the ConfigurationError
             handler = _new(Handler)
             handler._app = self
-            handler._prompt = prompt
-            handler._overrides = None
-            handler._settings = None
+            handler._settings = prompt  # the settings are made of it when first needed
+            handler._mark = -1  # _handler._IDLE
             return handler
 
     def effect(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ConfigurationError(TypeError, ValueError):
     """A CrashOverride or handler argument is invalid.
@@ -25,11 +27,23 @@ class EffectUncertain(Exception):
     agent (who sees it) reconciles through its tools or gives up.
     """
 
-    def __init__(self, effect: str, unit: str | None = None) -> None:
+    def __init__(self, effect: str, unit: str | None = None, *, kept: bool = True) -> None:
         where = f" in unit {unit!r}" if unit is not None else ""
+        if kept:
+            why = "began in an earlier attempt and was never seen to end"
+        else:  # see ``Journal.incomplete``
+            why = "is not in the journal, which lost some of the block's calls (too many)"
         super().__init__(
-            f"the effect {effect!r}{where} began in an earlier attempt and was never seen to end:"
-            " it may have happened; declare a probe= to ask, or reconcile it by hand"
+            f"the effect {effect!r}{where} {why}: it may have happened; declare a probe= to "
+            "ask, or reconcile it by hand"
         )
         self.effect = effect
         self.unit = unit
+        self.kept = kept
+
+    def __reduce__(self) -> tuple[Any, ...]:  # the same error in the process that unpickles it
+        return (_effect_uncertain, (self.effect, self.unit, self.kept), self.__dict__)
+
+
+def _effect_uncertain(effect: str, unit: str | None, kept: bool) -> EffectUncertain:
+    return EffectUncertain(effect, unit, kept=kept)

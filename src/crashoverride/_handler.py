@@ -44,15 +44,16 @@ _REPORTS: ContextVar[weakref.WeakKeyDictionary[Handler, RecoveryReport] | None] 
 class Handler:
     """Protects a block or a function; see ``CrashOverride.handler``."""
 
-    __slots__ = ("__weakref__", "_app", "_overrides", "_prompt", "_settings")
+    # ``_settings`` holds the prompt until the settings are first needed (a failure, mostly):
+    # one slot written on the way in, not two (see ``CrashOverride.handler``).
+    __slots__ = ("__weakref__", "_app", "_mark", "_settings")
 
     def __init__(self, app: CrashOverride, prompt: str, overrides: dict[str, Any] | None) -> None:
         if type(prompt) is not str:
             raise ConfigurationError("prompt", f"expected a str, got {type(prompt).__name__}")
         self._app = app
-        self._prompt = prompt
-        self._overrides = overrides
-        self._settings: Settings | None = None
+        self._settings: Settings | str = prompt
+        self._mark = _IDLE
         if overrides:
             # Validate now: bad input fails at construction, not at the first failure.
             self._settings = app._settings.for_handler({"prompt": prompt, **overrides})
@@ -67,8 +68,9 @@ class Handler:
     @property
     def settings(self) -> Settings:
         settings = self._settings
-        if settings is None:
-            settings = self._settings = self._app._settings.for_handler({"prompt": self._prompt})
+        if type(settings) is str:
+            settings = self._settings = self._app._settings.for_handler({"prompt": settings})
+        assert not isinstance(settings, str)
         return settings
 
     @property
@@ -122,16 +124,25 @@ class Handler:
 
     # -- with / async with -----------------------------------------------------------------
 
-    # Once an effect is declared (``CrashOverride.effect``), each ``with`` is a unit of work
-    # whose effects its recovery's agent code finds in the unit's journal: one context variable
-    # set on the way in and back on the way out. Before that, nothing.
+    # A ``with`` opens no unit of work: it notes where the journal's numbering stood
+    # (``_effects.serial``), and if it fails, its unit is the enclosing one, or else the
+    # effect calls its thread made since then (``_effects.ambient_unit``). A context variable
+    # set on the way in and back on the way out would double the happy path's cost.
+    # ``_mark``: ``_IDLE``; that number while one ``with`` runs; ``_SHARED`` once the handler
+    # was entered again while open (nested in itself, shared by threads or tasks): a second
+    # mark has no room here, so from then on every entry opens a unit in its context, and the
+    # exits check which entry they end.
 
     def __enter__(self) -> Handler:
-        if _effects.declared:
-            try:
-                _effects.opened(self)
-            except RecursionError:  # see _NO_ROOM
-                pass
+        if self._mark == -1:  # _IDLE (a constant: the happy path pays no global's lookup)
+            self._mark = _effects.serial
+        else:
+            self._mark = _SHARED
+            if _effects.declared:
+                try:
+                    _effects.opened(self)
+                except RecursionError:  # see _NO_ROOM
+                    pass
         return self
 
     def __exit__(
@@ -140,9 +151,21 @@ class Handler:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        # The unit ends with the block; a recovery of it is handed the unit explicitly.
+        if exc is None and self._mark >= 0:
+            self._mark = -1  # _IDLE
+            return False
+        try:
+            return self._exited(exc, tb)
+        except RecursionError:  # no room even for that call (see _NO_ROOM): ``exc`` goes on
+            return False
+
+    def _exited(self, exc: BaseException | None, tb: TracebackType | None) -> bool:
+        """``__exit__`` past the happy path: a failure, or a shared handler's entry."""
+        mark = self._mark
         attempt = None
-        if _effects.declared:
+        if mark >= 0:
+            self._mark = _IDLE
+        else:  # shared: an entry that opened a unit, or the first one (its mark is lost)
             try:
                 attempt = _effects.closed(self)
             except RecursionError:  # see _NO_ROOM
@@ -157,7 +180,8 @@ class Handler:
             frame = tb.tb_frame if tb is not None else None
             # A partial, not a lambda: a closure would make ``settings`` and ``frame`` cell
             # variables, paid on every exit, including the happy path's.
-            decision = self.recover(exc, functools.partial(_with_block, settings, frame, attempt))
+            block = functools.partial(_with_block, settings, frame, attempt, mark)
+            decision = self.recover(exc, block)
         except RecursionError:  # not even the room to look (see _STACK_NEEDED): ``exc`` goes on
             return False
         return self._settle(decision, exc)
@@ -190,7 +214,7 @@ class Handler:
                 return False
             frame = tb.tb_frame if tb is not None else None
             decision = await self.arecover(
-                exc, functools.partial(_with_block, settings, frame, attempt)
+                exc, functools.partial(_with_block, settings, frame, attempt, _SHARED)
             )
         except RecursionError:  # not even the room to look (see _STACK_NEEDED): ``exc`` goes on
             return False
@@ -315,6 +339,8 @@ class Handler:
         return protected
 
 
+_IDLE = -1
+_SHARED = -2  # see ``Handler.__enter__``
 # A failure raised this close to the recursion limit (a runaway recursion, mostly) is not
 # recovered here: the recovery's own calls would hit the limit and fail, or worse, replace
 # the user's exception. It propagates untouched, unmarked, to an outer frame of a protected
@@ -336,11 +362,20 @@ def _stack_left() -> int:
     return sys.getrecursionlimit() - depth
 
 
-def _with_block(settings: Settings, frame: Any, attempt: Any) -> Any:
+def _with_block(settings: Settings, frame: Any, attempt: Any, mark: int) -> Any:
+    """``mark``: where the journal's numbering stood when the block began (< 0: unknown)."""
     from crashoverride._core.block import with_block
 
     # The unit itself is made here, on the failure path: a block that ends well makes none.
-    return with_block(settings.postcondition, frame, None if attempt is None else attempt.unit)
+    # The block's own (an overlapping entry's, or an ``async with``'s), else the enclosing
+    # one, else (a ``with`` that opened none) this thread's calls since it began.
+    if attempt is not None:
+        unit = attempt.unit
+    else:
+        unit = _effects.current_unit()
+        if unit is None:
+            unit = _effects.ambient_unit(mark if mark >= 0 else None)
+    return with_block(settings.postcondition, frame, unit)
 
 
 def _call_block(

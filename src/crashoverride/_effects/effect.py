@@ -1,7 +1,8 @@
 """``CrashOverride.effect``: a function whose calls change the outside world, journaled.
 
-Outside any unit of work the wrapper calls the function and nothing else. Inside one, the call
-is recorded in the unit's journal (``_effects.journal``). In an attempt that consults the
+Inside a unit of work the call is recorded in the unit's journal (``_effects.journal``);
+outside one, in this thread's short list of such calls, for a ``with`` block that may fail
+(``journal.ambient``). In an attempt that consults the
 journal (a replay, agent code, a redelivery), a call already done returns its recorded result
 without running; one begun and never seen to end asks ``probe`` whether it happened, and
 without a probe raises ``EffectUncertain`` rather than risk doing it twice; one that raised
@@ -17,7 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any, Final
 
-from crashoverride._effects.journal import CURRENT, DONE, STARTED, Attempt, Entry
+from crashoverride._effects.journal import CURRENT, DONE, STARTED, Attempt, Entry, ambient
 from crashoverride._errors import ConfigurationError, EffectUncertain
 
 
@@ -105,7 +106,9 @@ def wrap(effect: Effect) -> Callable[..., Any]:
         async def journaled_async(*args: Any, **kwargs: Any) -> Any:
             attempt = CURRENT.get()
             if attempt is None:
-                return await func(*args, **kwargs)
+                entry = Entry(effect, args, kwargs)
+                ambient(entry)
+                return await _kept_async(func, entry, args, kwargs)
             if not attempt.consults:
                 entry = Entry(effect, args, kwargs)
                 attempt.unit.journal.recorded(entry)
@@ -131,7 +134,9 @@ def wrap(effect: Effect) -> Callable[..., Any]:
     def journaled(*args: Any, **kwargs: Any) -> Any:
         attempt = CURRENT.get()
         if attempt is None:
-            return func(*args, **kwargs)
+            entry = Entry(effect, args, kwargs)
+            ambient(entry)
+            return _kept(func, entry, args, kwargs)
         if not attempt.consults:
             entry = Entry(effect, args, kwargs)
             attempt.unit.journal.recorded(entry)
@@ -199,6 +204,9 @@ def _decided(
     """What the journal's answer means: the entry and what to do with the call (a call that
     runs is journaled as started first, by the caller)."""
     if found is None:
+        if attempt.unit.journal.incomplete:  # the call may be one of those not kept
+            label = effect.label_of(args, kwargs)
+            raise EffectUncertain(label, attempt.unit.id, kept=False)
         entry = Entry(effect, args, kwargs)
         entry.key, entry.label, entry.n = key, effect.label_of(args, kwargs), n
         entry.effect = entry.args = entry.kwargs = None
@@ -223,6 +231,31 @@ def _settled(attempt: Attempt, entry: Entry, found: Any) -> bool:
     attempt.unit.journal.ended(entry)
     _said("info", "probed", entry, attempt)
     return True
+
+
+def _kept(
+    func: Callable[..., Any], entry: Entry, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """A call outside any unit: the plain call, its outcome noted on its kept entry."""
+    try:
+        result = func(*args, **kwargs)
+    except Exception as error:
+        entry.fail(error)
+        raise
+    entry.finish(result)
+    return result
+
+
+async def _kept_async(
+    func: Callable[..., Any], entry: Entry, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    try:
+        result = await func(*args, **kwargs)
+    except Exception as error:
+        entry.fail(error)
+        raise
+    entry.finish(result)
+    return result
 
 
 def _run(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, Final, Protocol
@@ -41,9 +41,14 @@ class Keyed(Protocol):
 class Entry:
     """One effect call of a unit: what was called, and how it ended."""
 
-    __slots__ = ("args", "at", "effect", "error", "key", "kwargs", "label", "n", "result", "state")
+    __slots__ = (
+        "args", "at", "effect", "error", "key", "kwargs", "label", "n", "result", "serial", "state"
+    )  # fmt: skip
 
     def __init__(self, effect: Keyed, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        global serial
+        serial += 1  # one thread's entries are ordered by it (see ``ambient_unit``)
+        self.serial = serial
         self.effect: Keyed | None = effect
         self.args: tuple[Any, ...] | None = args
         self.kwargs: dict[str, Any] | None = kwargs
@@ -59,6 +64,7 @@ class Entry:
     def stored(cls, key: str, n: int, label: str, state: str, result: Any, error: str) -> Entry:
         """An entry read back from a store (another process's): keyed, no call at hand."""
         entry = cls.__new__(cls)
+        entry.serial = 0
         entry.effect = entry.args = entry.kwargs = None
         entry.key, entry.n, entry.label, entry.state = key, n, label, state
         entry.result, entry.error, entry.at = result, error, time.time()
@@ -85,6 +91,10 @@ class Journal:
     process (a task id, an idempotency key) hands the same journal to every attempt; other
     stores (Redis) subclass it and write through."""
 
+    # True when some of the unit's calls may be missing (a ``with`` block that made more calls
+    # than this thread keeps, see ``ambient_unit``): a call it does not find is uncertain.
+    incomplete = False
+
     def __init__(self) -> None:
         self._lock = threading.Lock()  # an attempt's code may run effects in threads
         self._unkeyed: list[Entry] = []  # the first attempt's calls, keyed when needed
@@ -101,14 +111,15 @@ class Journal:
             pending, self._unkeyed = self._unkeyed, []
             for entry in pending:
                 effect, args, kwargs = entry.effect, entry.args, entry.kwargs
-                assert effect is not None and args is not None and kwargs is not None
-                try:
-                    entry.key = effect.key_of(args, kwargs)
-                    entry.label = effect.label_of(args, kwargs)
-                except Exception as error:  # the application's key= failed on these arguments
-                    # A key no call can have: the entry is listed, never matched.
-                    entry.key = f"\x00unkeyed {id(entry)}"
-                    entry.label = f"(an effect whose key= raised {type(error).__name__})"
+                if effect is not None and args is not None and kwargs is not None:
+                    try:
+                        entry.key = effect.key_of(args, kwargs)
+                        entry.label = effect.label_of(args, kwargs)
+                    except Exception as error:  # the application's key= failed on them
+                        # A key no call can have: the entry is listed, never matched.
+                        entry.key = f"\x00unkeyed {id(entry)}"
+                        entry.label = f"(an effect whose key= raised {type(error).__name__})"
+                # else keyed already, by another journal that listed it (``ambient_unit``)
                 entry.n = self._first.get(entry.key, 0)
                 self._first[entry.key] = entry.n + 1
                 entry.effect = entry.args = entry.kwargs = None  # hold no argument longer
@@ -266,8 +277,14 @@ def begin(unit: Unit, *, consults: bool) -> Attempt:
 
 
 def opened(opener: object) -> None:
-    """A handler's ``with`` begins: a new unit, its first attempt (nothing to consult)."""
-    CURRENT.set(Attempt(None, False, CURRENT.get(), opener))
+    """A unit of work begins (an ``async with``, a decorated call): a new unit, its first
+    attempt (nothing to consult) -- unless it runs inside one already. Then it is part of that
+    one: whatever runs the enclosing unit again (a replay, a redelivery) runs this code again
+    too, so its effects must be in the enclosing unit's journal (``closed`` finds nothing to
+    close, and its recovery's unit is the enclosing one: ``current_unit``)."""
+    current = CURRENT.get()
+    if current is None:
+        CURRENT.set(Attempt(None, False, None, opener))
 
 
 def opened_as(opener: object, unit_id: str, journal: Journal) -> None:
@@ -285,6 +302,53 @@ def closed(opener: object) -> Attempt | None:
         CURRENT.set(attempt.parent)
         return attempt
     return None
+
+
+# -- effects outside any unit: a ``with`` block's ------------------------------------------
+#
+# A ``with co.handler(...)`` block opens no unit: a context variable set on the way in and
+# back on the way out would double what the happy path of a block costs. It takes ``serial``
+# instead (``Handler.__enter__``). An effect called outside any unit is kept here, in a
+# bounded list per thread, and when such a block fails, its unit is made of the calls this
+# thread made since the block began: everything this thread ran in between is the block's
+# body (or code it awaited, for a block that awaits). That is why a thread, not a context:
+# the block's body is what ran on its thread since it began, whatever task it belonged to.
+
+serial = 0  # the last entry's number, process-wide (``Entry.serial``)
+AMBIENT_KEPT: Final = 256  # calls kept per thread outside any unit (with their arguments)
+
+
+class _Kept(threading.local):
+    def __init__(self) -> None:
+        self.entries: deque[Entry] = deque(maxlen=AMBIENT_KEPT)
+        self.dropped = 0  # the serial of the last entry pushed out
+
+
+_kept = _Kept()
+
+
+def ambient(entry: Entry) -> None:
+    """An effect call outside any unit of work: kept for a ``with`` block that may fail."""
+    kept = _kept
+    entries = kept.entries
+    if len(entries) == AMBIENT_KEPT:
+        kept.dropped = entries[0].serial
+    entries.append(entry)
+
+
+def ambient_unit(since: int | None) -> Unit:
+    """The unit of a ``with`` block that opened none: this thread's effect calls since
+    ``serial`` was ``since`` (None: not known -- the block's handler was entered again while
+    the block ran -- so every call kept). Incomplete when some were pushed out."""
+    kept = _kept
+    journal = Journal()
+    since = 0 if since is None else since
+    for entry in list(kept.entries):
+        if entry.serial > since:
+            journal.recorded(entry)
+    if kept.dropped > since:
+        journal.incomplete = True
+    return Unit(None, journal)
 
 
 def end(attempt: Attempt) -> None:
