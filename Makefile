@@ -12,13 +12,14 @@ PRIMARY := $(firstword $(PYTHONS))
 VENV := .venv
 PYTEST_ARGS ?=
 
-.PHONY: help demo test test-fast lint browser bench clean
+.PHONY: help demo test test-fast lint docs docs-build browser bench clean
 
 help:
 	@echo "make demo       - create .venv, install, run the offline demo (scripted model)"
 	@echo "make test       - lint, type-check and run the suite on: $(PYTHONS)"
 	@echo "make test-fast  - lint, type-check and the tests not marked slow, on $(PRIMARY) (< 2 min)"
 	@echo "make bench      - run the benchmarks and write benchmarks/RESULTS.md"
+	@echo "make docs       - serve the documentation site on http://127.0.0.1:8000 (mkdocs serve)"
 
 # One venv per interpreter: .venv for the first, .venv-3.x for the others.
 venv_for = $(if $(filter $(1),$(PRIMARY)),$(VENV),$(VENV)-$(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])'))
@@ -37,10 +38,18 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(VENV)/bin/python -m crashoverride demo
 
-lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(VENV)/bin/ruff format --check src tests benchmarks examples
+lint: $(VENV)/.installed docs-build
+	$(VENV)/bin/ruff check src tests benchmarks examples docs/_hooks
+	$(VENV)/bin/ruff format --check src tests benchmarks examples docs/_hooks
 	$(VENV)/bin/mypy --strict src/crashoverride
+
+# The site, built as a reader gets it: --strict fails on a broken link or a missing reference
+# (mkdocs.yml). tests/e2e/test_docs_site.py builds it too and opens it in Chromium.
+docs-build: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/python -m mkdocs build --strict --site-dir site
+
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/python -m mkdocs serve --dev-addr 127.0.0.1:8000
 
 # tests/cli/test_show.py renders the HTML report in a real headless browser: Chromium from the
 # distribution's packages, installed here when it is missing and we may (root, apt-get).
@@ -75,4 +84,4 @@ bench: $(VENV)/.installed
 	$(VENV)/bin/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) $(VENV)-3.* build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV)-3.* build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache

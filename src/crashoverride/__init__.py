@@ -51,7 +51,7 @@ _LAZY = {"RecoveryReport", "SourceChange", "Usage"}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "evaluate":  # ``crashoverride eval`` from Python (README, "Choosing a model")
+    if name == "evaluate":  # ``crashoverride eval`` from Python (the docs, "Choosing a model")
         from crashoverride._eval import evaluate
 
         return evaluate

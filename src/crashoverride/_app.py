@@ -64,7 +64,7 @@ class CrashOverride:
         patch_watch: Seconds a live patch is watched, and reverted if it makes things worse.
             A patched function that then fails more often than before, or with an exception
             type its old code never raised, gets its old code back (fleet-wide: the fix record
-            is revoked). 0: patches are never watched (README, "Live repair").
+            is revoked). 0: patches are never watched (the docs, "Durable fixes").
         tracing: Export SDK traces (tracebacks and locals are sensitive). Off by default.
         on_recovery: Called with every ``RecoveryReport``. Its exceptions are logged, not raised.
         followups: Objectives run in the background after a recovery. Only after recoveries that
@@ -84,7 +84,7 @@ class CrashOverride:
         redaction: Extra redaction rules on top of the defaults. A ``crashoverride.Redaction``.
         coordination: Who recoveries coordinate with: this process (None) or a fleet. A
             ``crashoverride.RedisCoordination``: one agent run per failure fleet-wide, and
-            signed fixes shared by every process (README, "Running a fleet").
+            signed fixes shared by every process (the docs, "Running a fleet").
         recovery_header: Recovered HTTP responses carry a ``crashoverride-recovery`` header.
             Its value is the recovery's id (the one in its events and report), so a client or
             a proxy log can tell a recovered answer from a plain one. False: no header.
@@ -194,7 +194,7 @@ class CrashOverride:
                 postcondition: Judges the block's locals after the agent. Called (it may be
                     async) with a mapping of the block's locals (decorator form: ``result``,
                     ``args``, ``kwargs``); only a true result means recovered (``None`` does
-                    not; README, "What a check's result means").
+                    not; the docs, "What a check's result means").
                 name: The handler's name in events and reports.
                 followup: One follow-up objective, added like ``followups``.
                 **overrides: The ``CrashOverride`` arguments above.

@@ -72,10 +72,12 @@ __all__ = [
     "Outcome",
     "Redactor",
     "arecover",
+    "attempt_of",
     "awarm_up",
     "call_block",
     "catches",
     "clip",
+    "current_unit",
     "emit",
     "fingerprint",
     "internal_failure",
@@ -157,6 +159,39 @@ async def awarm_up(handler: Handler) -> bool:
         return False
     await app.awarm_up()
     return True
+
+
+class attempt_of:
+    """Run the body as a later attempt of ``unit``, a failed unit's (``Block.unit``), from code
+    the recovery does not run itself (a task the integration started, say)::
+
+        with integration.attempt_of(block.unit):
+            ...  # the failed unit's code, again
+
+    The declared effects (``CrashOverride.effect``) its earlier attempts made are found in its
+    journal, not made again. ``unit`` None (no effect is declared): nothing to do.
+    """
+
+    __slots__ = ("_attempt", "_unit")
+
+    def __init__(self, unit: _effects.Unit | None) -> None:
+        self._unit = unit
+        self._attempt: _effects.Attempt | None = None
+
+    def __enter__(self) -> None:
+        if self._unit is not None:
+            self._attempt = _effects.begin(self._unit, consults=True)
+
+    def __exit__(self, *exc_info: object) -> None:
+        attempt, self._attempt = self._attempt, None
+        if attempt is not None:
+            _effects.end(attempt)
+
+
+def current_unit() -> _effects.Unit | None:
+    """The unit of work open in this context (what a ``Block`` described here belongs to by
+    default); None when none is (no effect is declared in the process)."""
+    return _effects.current_unit()
 
 
 def catches(handler: Handler, exc: BaseException) -> bool:

@@ -37,7 +37,7 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
 # fails the suite until it is argued for here.
 UPWARD: Final[dict[tuple[str, str], str]] = {
     ("crashoverride", "crashoverride._eval"): (
-        "crashoverride.evaluate (README) is the eval harness, which drives the integrations"
+        "crashoverride.evaluate (documented) is the eval harness, which drives the integrations"
     ),
 }
 

@@ -22,13 +22,16 @@ BRIEF_SITES = {
     "crashoverride._security.brief",  # the empty brief of a block that needs none
     "crashoverride.integrations.asgi._after",
     "crashoverride.integrations.asgi._block",
+    "crashoverride.integrations.asgi._ws_block",
     "crashoverride.integrations.asyncio",
     "crashoverride.integrations.celery",
+    "crashoverride.integrations.scrapy",
 }
 BLOCK_SITES = {
     "crashoverride._core.block",
     "crashoverride._core.followup",
     "crashoverride.integrations.asgi._block",
+    "crashoverride.integrations.asgi._ws_block",
     "crashoverride.integrations.asyncio",
 }
 

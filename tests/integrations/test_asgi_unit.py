@@ -361,6 +361,8 @@ async def test_the_request_budget_bounds_a_stuck_recovery(anyio_backend: str) ->
         ({"tools": "not tools"}, "tools"),
         ({"name": 7}, "name"),
         ({"followups": [""]}, "followups"),
+        ({"websockets": "yes"}, "websockets"),
+        ({"max_message": -1}, "max_message"),
     ],
 )
 def test_invalid_options_fail_at_construction(options: dict[str, Any], argument: str) -> None:
@@ -413,9 +415,16 @@ async def test_other_scopes_pass_straight_through(anyio_backend: str) -> None:
         seen.append((scope, receive, send))
 
     middleware = CrashOverrideMiddleware(app, crash_override=CrashOverride())
-    scope, receive, send = {"type": "websocket", "path": "/ws"}, object(), object()
+    scope, receive, send = {"type": "webtransport", "path": "/wt"}, object(), object()
     await middleware(scope, receive, send)  # type: ignore[arg-type]
     assert seen == [(scope, receive, send)]
+    # Websockets, when told not to recover them, or when their path is excluded.
+    for options in ({"websockets": False}, {"exclude": ["/ws"]}):
+        seen.clear()
+        middleware = CrashOverrideMiddleware(app, crash_override=CrashOverride(), **options)
+        scope = {"type": "websocket", "path": "/ws"}
+        await middleware(scope, receive, send)  # type: ignore[arg-type]
+        assert seen == [(scope, receive, send)]
 
 
 def test_importing_the_middleware_does_not_import_the_sdk() -> None:

@@ -1,8 +1,9 @@
 """The fleet through the Redis deployments users run: a Cluster, a Sentinel-managed master, TLS.
 
 Each deployment is real ``redis-server`` processes of this module's own on loopback
-(``topology_servers``), configured as the README says. Two ``CrashOverride`` apps, each with its
-own ``RedisCoordination`` (its own client and lease holder), stand for two processes.
+(``topology_servers``), configured as the docs say ("Running a fleet"). Two ``CrashOverride``
+apps, each with its own ``RedisCoordination`` (its own client and lease holder), stand for two
+processes.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _fresh_code() -> Iterator[None]:
 
 
 class Deployment:
-    """How the README tells users to reach one kind of Redis: async clients for the fleet,
+    """How the docs tell users to reach one kind of Redis: async clients for the fleet,
     a sync one for the test's own look at the data."""
 
     def __init__(

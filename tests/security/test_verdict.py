@@ -1,8 +1,9 @@
 """One rule for what a check's result means: approvers, postconditions and unit checks alike.
 
 Only a true result says yes. ``None`` says no everywhere: an approver or a postcondition that
-forgot to return must neither approve a call nor claim a recovery. The README's table "What a
-check's result means" is the rule's documentation, and is held to the code here.
+forgot to return must neither approve a call nor claim a recovery. The table "What a check's
+result means" (docs/reference/configuration.md) is the rule's documentation, and is held to the
+code here.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from crashoverride import CrashOverride, integration
 from crashoverride._security import verdict
 from crashoverride.testing import done, exec_python, script, tool_outputs
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"
 
-# The columns of the README table, and what each check is called in its reasons.
+# The columns of the table, and what each check is called in its reasons.
 COLUMNS = {"approver": "the approver", "postcondition": "the postcondition",
            "unit check": "the block's check"}  # fmt: skip
 
@@ -33,9 +34,9 @@ class Boom(Exception):
 
 
 def _table() -> tuple[list[str], list[list[str]]]:
-    text = README.read_text()
-    start = text.index("### What a check's result means")
-    lines = text[start:].splitlines()
+    text = PAGE.read_text()
+    start = text.index("## What a check's result means")
+    lines = [*text[start:].splitlines(), ""]  # the table may end the page
     first = next(i for i, line in enumerate(lines) if line.startswith("|"))
     end = next(i for i, line in enumerate(lines[first:], first) if not line.startswith("|"))
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[first:end]]
@@ -93,7 +94,7 @@ def _check_cell(cell: str, outcomes: list[Any], returned: Any, row: str) -> None
         assert all("Boom: the stock service is down" in outcome for outcome in outcomes), where
 
 
-def test_the_readme_table_is_the_codes_rule() -> None:
+def test_the_documented_table_is_the_codes_rule() -> None:
     header, body = _table()
     assert header[1:] == list(COLUMNS), header
     labels = [row[0] for row in body]

@@ -54,7 +54,7 @@ class RedisCoordination:
     ``single_flight=True``, the default) one failure fingerprint runs at most one agent
     fleet-wide at a time; the other processes wait for its
     outcome and replay their unit; a recovery that changed code publishes a signed fix record
-    the others apply before replaying (see README, "Running a fleet").
+    the others apply before replaying (see the docs, "Running a fleet").
 
     Args:
         url: ``redis://``, ``rediss://`` (TLS; e.g. ``?ssl_ca_certs=/path/ca.pem``) or
@@ -77,7 +77,7 @@ class RedisCoordination:
         record_ttl: Seconds fix records are kept for processes that start later.
         journal_ttl: Seconds the journal of a unit of work with an id (a Celery task id, an
             ``Idempotency-Key``) is kept in Redis after its last write: what its declared
-            effects did, for a retry or redelivery on any process (README, "Declared effects
+            effects did, for a retry or redelivery on any process (the docs, "Declared effects
             across a fleet"). A run later than this finds nothing and makes its effects again.
             Journal entries are signed with ``key``: without one the journal stays in each
             process.

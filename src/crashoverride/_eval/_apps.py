@@ -89,6 +89,69 @@ async def call(app: Any, path: str, *, method: str = "GET", body: bytes = b"") -
     return Answer(status, b"".join(chunks))
 
 
+def socket_service(co: CrashOverride, prompt: str, path: str, endpoint: Callable[..., Any]) -> Any:
+    """A Starlette app with one websocket endpoint behind ``CrashOverrideMiddleware``."""
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+
+    middleware = importlib.import_module("crashoverride.integrations.asgi").CrashOverrideMiddleware
+    app = Starlette(routes=[WebSocketRoute(path, endpoint)])
+    app.add_middleware(middleware, crash_override=co, prompt=prompt, warm_up=False)
+    return app
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """What the client of an in-process websocket connection received: one reply per message
+    it sent (None where none came), and whether the connection ended on the app's exception."""
+
+    replies: list[Any]
+    raised: bool
+
+
+async def converse(app: Any, path: str, texts: list[str]) -> Conversation:
+    """A websocket client in process: each message is sent once the previous one was answered
+    (or the connection ended), then the client disconnects. Replies are decoded as JSON."""
+    scope = {
+        "type": "websocket", "asgi": {"version": "3.0"}, "scheme": "ws", "path": path,
+        "raw_path": path.encode(), "root_path": "", "query_string": b"",
+        "headers": [(b"host", b"app.eval")], "client": ("127.0.0.1", 50000),
+        "server": ("app.eval", 80), "subprotocols": [],
+    }  # fmt: skip
+    replies: list[Any] = []
+    changed = anyio.Event()
+    connected = False
+    given = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal connected, given, changed
+        if not connected:
+            connected = True
+            return {"type": "websocket.connect"}
+        while len(replies) < given:  # a client waits for its answer before asking again
+            await changed.wait()
+            changed = anyio.Event()
+        if given == len(texts):
+            return {"type": "websocket.disconnect", "code": 1000}
+        given += 1
+        return {"type": "websocket.receive", "text": texts[given - 1]}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "websocket.send":
+            try:
+                replies.append(json.loads(message.get("text") or message.get("bytes") or b""))
+            except ValueError:
+                replies.append(message.get("text"))
+            changed.set()
+
+    raised = False
+    try:
+        await app(scope, receive, send)
+    except Exception:
+        raised = True  # the server would log it and drop the connection
+    return Conversation(replies + [None] * (len(texts) - len(replies)), raised)
+
+
 def task(co: CrashOverride, prompt: str) -> Any:
     """The asyncio task wrapper of ``crashoverride.integrations.asyncio``."""
     return importlib.import_module("crashoverride.integrations.asyncio").task(co, prompt)

@@ -1,7 +1,7 @@
 """Making a runtime repair durable: write the fix to the source file, or propose it as a patch.
 
 Off unless the application or handler passes ``allow_source_changes=True``. This is a rail for
-honest agents, not a security boundary: ``exec_python`` can write files anyway (the README says
+honest agents, not a security boundary: ``exec_python`` can write files anyway (the docs say
 so). What it adds: a syntax check before writing, a backup, a unified diff logged as
 ``recovery.source_changed`` and recorded in the report, and the "propose only" mode that writes
 a ``.patch`` file for review instead of touching the source.

@@ -87,7 +87,7 @@ class ApprovalRequest(str):
 
 
 BUILTIN = fixed("builtin")
-# What an approver answers: only a true one approves (README, "What a check's result means").
+# What an approver answers: only a true one approves (the docs, "What a check's result means").
 Approval: TypeAlias = bool | str | None
 Approver: TypeAlias = Callable[[ApprovalRequest], Approval | Awaitable[Approval]]
 """``approve=``: a sync or async callable given each ``ApprovalRequest``; True approves, a

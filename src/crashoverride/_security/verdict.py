@@ -3,7 +3,7 @@
 Only a true result says yes (``True``, or a value whose truth is true). Everything else says
 no: ``None`` (a check that forgot to return approves nothing and claims nothing), ``False``,
 a string (the reason; an empty one gets the default reason), a false value, a value whose
-truth raises, and a check that raises (the exception is the reason). README.md's table "What
+truth raises, and a check that raises (the exception is the reason). The docs' table "What
 a check's result means" documents this and ``tests/security/test_verdict.py`` holds it to it.
 
 ``reason`` reads a value; ``judge`` calls a check (awaiting it if it is async) and answers

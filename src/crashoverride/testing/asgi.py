@@ -1,4 +1,4 @@
-"""Steps for rehearsing request recoveries of ``CrashOverrideMiddleware``.
+"""Steps for rehearsing request and websocket message recoveries of ``CrashOverrideMiddleware``.
 
 Each helper returns a step in the same contract as ``crashoverride.testing``'s, so a test reads
 as the recovery it rehearses::
@@ -30,6 +30,17 @@ def respond(
     """Answer the failed request with this response (``body``: bytes, str or JSON value)."""
     code = f"respond({status!r}, {body!r}, headers={headers!r}, media_type={media_type!r})"
     return exec_python(code, call_id=call_id)
+
+
+def replay_message(*, call_id: str | None = None) -> ToolCall:
+    """Replay the failed websocket message through the (repaired) endpoint; what it sends is
+    the reply, and the endpoint goes on with the connection."""
+    return exec_python("replay = await replay_message()\nreplay", call_id=call_id)
+
+
+def send_json(value: Any, *, call_id: str | None = None) -> ToolCall:
+    """Reply to the failed websocket message with this JSON value."""
+    return exec_python(f"send_json({value!r})", call_id=call_id)
 
 
 def patch(function: str, source: str, *, call_id: str | None = None) -> ToolCall:

@@ -10,9 +10,11 @@ from __future__ import annotations
 MODULES = (
     "crashoverride._eval.scenarios.asgi_data",
     "crashoverride._eval.scenarios.asgi_code",
+    "crashoverride._eval.scenarios.websocket",
     "crashoverride._eval.scenarios.tasks",
     "crashoverride._eval.scenarios.tasks_data",
     "crashoverride._eval.scenarios.scrapers",
+    "crashoverride._eval.scenarios.scrapy_spider",
     "crashoverride._eval.scenarios.traps_tasks",
     "crashoverride._eval.scenarios.traps_asgi",
     "crashoverride._eval.scenarios.effects",

@@ -32,7 +32,13 @@ What it does:
   default) startup first imports the Agents SDK in a worker thread, so a server's first failure
   does not stall its event loop with that import (see ``CrashOverride.awarm_up``); not when no
   recovery could run (no credentials), where the import would buy nothing.
-* ``websocket`` and other scopes: passed straight through. Websocket recovery is not supported.
+* ``websocket``: when the endpoint raises while handling a received message, a recovery runs
+  with message tools (``message``, ``connection``, ``replay_message()``, ``send_text(...)``);
+  a recovered connection stays open, in a restarted run of the endpoint (its handshake already
+  done; the state local to the failed run is lost). Not recovered, the exception and the close
+  code are what they are without crashoverride. See ``_websocket`` and ``_ws_session``, and
+  docs/guides/websockets.md.
+* Other scope types: passed straight through.
 
 Installed with ``add_middleware`` it sits inside Starlette's ``ServerErrorMiddleware`` (which
 turns a propagated exception into the 500) and outside ``ExceptionMiddleware`` (so handled
@@ -44,6 +50,7 @@ middleware only logs ``recovery.skipped``.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import re
 from collections.abc import Awaitable, Callable, Iterable
@@ -69,12 +76,14 @@ from crashoverride.integrations.asgi._exchange import (
     send_response,
 )
 from crashoverride.integrations.asgi._units import unit_id
+from crashoverride.integrations.asgi._websocket import Connection, unrecoverable
 
 __all__ = ["CapturedResponse", "CrashOverrideMiddleware", "NotReplayable", "TaskGroupRunner"]
 
 DEFAULT_MAX_REPLAY_BODY = 4 * 1024 * 1024
 # On every response a recovery produced: its value is the recovery's id (``recovery_header``).
 RECOVERY_HEADER = b"crashoverride-recovery"
+DEFAULT_MAX_MESSAGE = 1024 * 1024
 _STARTED = "the response had already started; a second http.response.start is never sent"
 _GONE = "the client had disconnected; there is nobody to answer"
 
@@ -121,6 +130,11 @@ class CrashOverrideMiddleware:
             repair-only recovery: nothing can be sent any more, but the agent repairs the code
             so later requests work (event ``recovery.repaired``). Off by default: such failures
             are only logged (``recovery.skipped``). Background tasks are recovered either way.
+        websockets: Recover websocket endpoints per message (``False``: websocket connections
+            pass straight through). ``include`` and ``exclude`` apply to their paths too;
+            ``methods`` does not.
+        max_message: The last message a websocket endpoint received is kept for a replay when
+            it has at most this many characters (text) or bytes (binary).
     """
 
     def __init__(
@@ -146,6 +160,8 @@ class CrashOverrideMiddleware:
         followups: str | Iterable[str] = (),
         warm_up: bool = True,
         repair_after_start: bool = False,
+        websockets: bool = True,
+        max_message: int = DEFAULT_MAX_MESSAGE,
     ) -> None:
         if not callable(app):
             raise ConfigurationError("app", f"expected an ASGI application, got {app!r}")
@@ -178,6 +194,8 @@ class CrashOverrideMiddleware:
         self._idempotency = check.header("idempotency_header", idempotency_header)
         self._warm_up = check.flag("warm_up", warm_up)
         self._repair_after_start = check.flag("repair_after_start", repair_after_start)
+        self._websockets = check.flag("websockets", websockets)
+        self._max_message = check.non_negative_int("max_message", max_message)
         self._filtered = bool(self._include or self._exclude or self._methods)
         self._runner: TaskGroupRunner | None = None
 
@@ -195,11 +213,13 @@ class CrashOverrideMiddleware:
                 await self._http(scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(scope, receive, send)
-        else:  # websocket and any future scope type: not ours to touch
+        elif kind == "websocket" and self._websockets and self._protects(scope):
+            await self._websocket(scope, receive, send)
+        else:  # any future scope type: not ours to touch
             await self.app(scope, receive, send)
 
     def _protects(self, scope: Scope) -> bool:
-        if self._methods and scope.get("method") not in self._methods:
+        if self._methods and scope["type"] == "http" and scope.get("method") not in self._methods:
             return False
         path = scope.get("path", "")
         if self._include and not any(p.fullmatch(path) for p in self._include):
@@ -382,6 +402,49 @@ class CrashOverrideMiddleware:
         from crashoverride import followups
 
         return followups.using(runner)
+
+    # -- websocket -------------------------------------------------------------------------
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        conn = Connection(scope, receive, send, self._max_message, self.handler)
+        try:
+            # Called exactly as a pass-through middleware would: same task, same context.
+            await self.app(scope, conn.receive, conn.send)
+        except Exception as exc:
+            # The failed message's unit of work, for the recovery to find its declared effects.
+            unit = integration.current_unit()
+            conn.end_unit()
+            reason = unrecoverable(conn, exc, self._catch)
+            if reason is not None:
+                if reason:
+                    integration.skip(self.handler, exc, reason, kind="message", **conn.fields())
+                raise
+            failure = exc
+        else:
+            conn.end_unit()
+            return
+        # Outside the handler: a later failure of the connection is not chained to this one.
+        error = await self._websocket_session(conn, failure, unit)
+        if error is not None:
+            try:
+                raise error
+            finally:
+                error = failure = None  # type: ignore[assignment]
+
+    async def _websocket_session(
+        self, conn: Connection, failure: Exception, unit: Any
+    ) -> BaseException | None:
+        """The rest of the connection (``_ws_session``); the exception to raise, or None."""
+        try:
+            from crashoverride.integrations.asgi._ws_session import Session
+
+            session = Session(app=self.app, conn=conn, handler=self.handler,
+                              context=contextvars.copy_context(),
+                              followups_here=self._followups_here)  # fmt: skip
+        except Exception as problem:
+            integration.internal_failure(self.handler, failure, problem)
+            return failure
+        return await session.run(failure, unit)
 
     # -- lifespan --------------------------------------------------------------------------
 

@@ -121,22 +121,7 @@ class Exchange:
     def raised_by_channel(self, exc: BaseException) -> bool:
         """Whether ``exc`` is (or wraps) an error of the server's channel, e.g. an outer body
         limit or a client gone away: the app did not fail, so there is nothing to recover."""
-        channel = self.channel_error
-        if channel is None:
-            return False
-        seen: set[int] = set()
-        pending = [exc]
-        while pending and len(seen) < 50:
-            current = pending.pop()
-            if current is channel:
-                return True
-            if id(current) in seen:
-                continue
-            seen.add(id(current))
-            if isinstance(current, BaseExceptionGroup):
-                pending.extend(current.exceptions)
-            pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
-        return False
+        return wraps(exc, self.channel_error)
 
     def _record(self, message: Message) -> None:
         last = not message.get("more_body", False)
@@ -323,6 +308,25 @@ async def send_response(send: Send, response: CapturedResponse) -> None:
 
 
 # -- containment: what may leave the middleware after the application failed ------------------
+
+
+def wraps(exc: BaseException, channel: BaseException | None) -> bool:
+    """Whether ``exc`` is ``channel``, or holds it (as a cause, a context, a group member)."""
+    if channel is None:
+        return False
+    seen: set[int] = set()
+    pending = [exc]
+    while pending and len(seen) < 50:
+        current = pending.pop()
+        if current is channel:
+            return True
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return False
 
 
 def cancel_pending() -> bool:

@@ -1,17 +1,22 @@
-"""The README is tested: every ```python block runs, and the configuration table is the code's.
+"""The documentation is tested: every ```python block runs, and the references are the code's.
 
-A block runs as it is written, in a fresh namespace, compiled as README.md at its own line
-numbers (tracebacks and ``inspect.getsource`` point into the README). Top-level ``await`` /
-``async with`` run on an event loop, as in ``python -m asyncio``.
+The pages are README.md and every Markdown file under docs/. A block runs as it is written, in a
+fresh namespace, compiled as its page at its own line numbers (tracebacks and
+``inspect.getsource`` point into the page). Top-level ``await`` / ``async with`` run on an event
+loop, as in ``python -m asyncio``.
 
 A block that continues an earlier example (it uses ``co``, ``app``, ``celery_app``...) says so
-with a marker on the line right before it, ``<!-- readme-test: NAME -->``: the setup ``NAME``
+with a marker on the line right before it, ``<!-- docs-test: NAME -->``: the setup ``NAME``
 below gives it those names and the real components it needs (a uvicorn server, a Celery app),
-serves its model turns from a ``MockServer``, and checks what the README claims happened (the
-Celery block's worker is started with the README's own ``-Q`` line, on the local Redis). A
-block with no marker must run on its own. ``<!-- readme-test: fragment: why -->`` marks a block
-that cannot run at all; it must still parse, and running it must fail for want of a name (a
-block that runs needs no such excuse). None is needed today.
+serves its model turns from a ``MockServer``, and checks what the page claims happened (the
+Celery block's worker is started with the page's own ``-Q`` line, on the local Redis). A block
+with no marker must run on its own. ``<!-- docs-test: fragment: why -->`` marks a block that
+cannot run at all; it must still parse, and running it must fail for want of a name (a block
+that runs needs no such excuse).
+
+A block whose only line is a snippet include, ``--8<-- "examples/<file>.py"``, shows an example
+file: it is not run here; the example must be run by a test (tests/e2e/test_examples.py, or the
+test of the feature it shows), which is checked below.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ from __future__ import annotations
 import ast
 import contextlib
 import gc
+import importlib.util
 import inspect
 import json
 import re
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -31,19 +38,37 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import anyio
 import pytest
 
+import crashoverride
 from crashoverride import CrashOverride
-from crashoverride._config.settings import FIELDS, HANDLER
+from crashoverride._config.settings import APP, FIELDS, HANDLER
 from crashoverride.testing import MockServer, Script, done, exec_python
 from tests.helpers import await_for
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "RESULTS.md"
-MARKER = re.compile(r"<!-- readme-test: (.+?) -->")
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(p for p in DOCS.rglob("*.md") if "_hooks" not in p.parts)]
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+MARKER = re.compile(r"<!-- docs-test: (.+?) -->")
+SNIPPET = re.compile(r'--8<-- "(examples/[\w./-]+\.py)"')
+
+
+def _generator() -> ModuleType:
+    """The MkDocs hook that generates the reference pages (docs/_hooks/generate.py)."""
+    spec = importlib.util.spec_from_file_location("docs_generate", DOCS / "_hooks" / "generate.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GENERATE = _generator()
 
 # Celery's Redis result backend calls a deprecated redis-py method (not ours to fix).
 pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")
@@ -51,24 +76,33 @@ pytestmark = pytest.mark.filterwarnings("ignore:Call to deprecated setex:Depreca
 
 @dataclass(frozen=True)
 class Block:
+    page: Path
     line: int  # of the block's first code line
     code: str
     marker: str | None
 
+    @property
+    def snippet(self) -> str | None:
+        """The example file a block only includes, or None."""
+        lines = self.code.strip().splitlines()
+        found = SNIPPET.fullmatch(lines[0].strip()) if len(lines) == 1 else None
+        return found.group(1) if found else None
+
     def __str__(self) -> str:
-        return f"README.md:{self.line}"
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
-def _blocks() -> list[Block]:
-    lines = README.read_text().splitlines()
+def _blocks(page: Path) -> list[Block]:
+    lines = page.read_text().splitlines()
     found: list[Block] = []
     index = 0
     while index < len(lines):
         if lines[index].strip() == "```python":
-            end = lines.index("```", index + 1)
+            indent = lines[index][: len(lines[index]) - len(lines[index].lstrip())]
+            end = lines.index(indent + "```", index + 1)
             marked = MARKER.fullmatch(lines[index - 1].strip())
-            code = "\n".join(lines[index + 1 : end]) + "\n"
-            found.append(Block(index + 2, code, marked.group(1) if marked else None))
+            code = textwrap.dedent("\n".join(lines[index + 1 : end])) + "\n"
+            found.append(Block(page, index + 2, code, marked.group(1) if marked else None))
             index = end
         index += 1
     return found
@@ -76,7 +110,7 @@ def _blocks() -> list[Block]:
 
 def _run(block: Block, namespace: dict[str, Any]) -> None:
     source = "\n" * (block.line - 1) + block.code
-    code = compile(source, str(README), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    code = compile(source, str(block.page), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     if code.co_flags & inspect.CO_COROUTINE:
 
         async def main() -> None:
@@ -103,7 +137,7 @@ def setup(name: str) -> Callable[[Callable[..., Iterator[Any]]], Setup]:
 
 @contextlib.contextmanager
 def default_model(monkeypatch: pytest.MonkeyPatch, plan: Script) -> Iterator[MockServer]:
-    """A ``CrashOverride()`` built as the README builds it (no model, no base URL, a key in the
+    """A ``CrashOverride()`` built as the pages build it (no model, no base URL, a key in the
     environment) gets its turns from a ``MockServer``: the SDK's default client is pointed at
     it, speaking chat completions."""
     from agents import set_default_openai_api
@@ -222,13 +256,13 @@ def _celery(ns: dict[str, Any], _: pytest.MonkeyPatch, __: Path) -> Iterator[Non
     from crashoverride.integrations.celery import FOLLOWUP_QUEUE, followup_queue, queue_consumers
     from tests.integrations.celery_support import redis_url
 
-    text = README.read_text()
-    # The README names the queue ``install()`` uses, wherever it names one...
+    text = Path(ns["__page__"]).read_text()
+    # The page names the queue ``install()`` uses, wherever it names one...
     named = set(re.findall(r"crashoverride\.followups?\b(?!\.)", text)) - {"crashoverride.followup"}
     assert named == {FOLLOWUP_QUEUE}
-    # ...and a worker started as the README says consumes it (a real worker, on Redis).
+    # ...and a worker started as the page says consumes it (a real worker, on Redis).
     command = re.search(r"celery -A shop worker -Q (\S+)", text)
-    assert command, "the README shows how to start a worker"
+    assert command, "the page shows how to start a worker"
     co = CrashOverride()
     with redis_url() as url:
         url = url.rsplit("/", 1)[0] + "/13"  # a database of its own: the queues are real names
@@ -456,16 +490,17 @@ def _operating_celery(
 
 # -------------------------------------------------------------------------------------- tests
 
-BLOCKS = _blocks()
+BLOCKS = [block for page in PAGES for block in _blocks(page)]
+RUNNABLE = [block for block in BLOCKS if block.snippet is None]
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=str)
-def test_readme_python_block_runs(
-    block: Block, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+@pytest.mark.parametrize("block", RUNNABLE, ids=str)
+def test_python_block_runs(block: Block, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    namespace: dict[str, Any] = {"__name__": "readme_block", "__block__": block.code}
+    namespace: dict[str, Any] = {
+        "__name__": "docs_block", "__block__": block.code, "__page__": str(block.page),
+    }  # fmt: skip
     if block.marker is None:
         _run(block, namespace)
         return
@@ -475,71 +510,158 @@ def test_readme_python_block_runs(
         with pytest.raises(NameError):
             _run(block, namespace)
         return
-    assert block.marker in SETUPS, f"{block}: unknown readme-test setup {block.marker!r}"
+    assert block.marker in SETUPS, f"{block}: unknown docs-test setup {block.marker!r}"
     with SETUPS[block.marker](namespace, monkeypatch, tmp_path):
         _run(block, namespace)
 
 
-def test_every_marker_sits_right_before_a_python_block_and_every_setup_is_used() -> None:
-    lines = README.read_text().splitlines()
+def test_the_pages_and_their_blocks_are_found() -> None:
+    # The reader of the pages must be able to fail: it finds the README's and the docs' blocks,
+    # an indented (admonition) include among them.
+    assert {README, DOCS / "index.md", DOCS / "reference" / "configuration.md"} <= set(PAGES)
+    assert any(block.page == README for block in RUNNABLE)
+    assert len({block.page for block in RUNNABLE}) >= 10
+    assert "examples/approvers.py" in {block.snippet for block in BLOCKS}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_every_marker_sits_right_before_a_python_block(page: Path) -> None:
+    lines = page.read_text().splitlines()
     for number, line in enumerate(lines):
-        if MARKER.search(line):
-            assert lines[number + 1].strip() == "```python", f"README.md:{number + 1}: {line}"
+        assert "readme-test:" not in line, f"{page}:{number + 1}: the marker is docs-test now"
+        if MARKER.fullmatch(line.strip()):  # a marker is a line of its own
+            assert lines[number + 1].strip() == "```python", f"{page}:{number + 1}: {line}"
+    fragments = [b for b in _blocks(page) if (b.marker or "").startswith("fragment:")]
+    assert len(fragments) <= 2, f"{page}: fragments must stay rare: make the examples runnable"
+
+
+def test_every_setup_is_used() -> None:
     used = {block.marker for block in BLOCKS}
-    assert set(SETUPS) <= used, f"setups no README block uses: {set(SETUPS) - used}"
-    fragments = [block for block in BLOCKS if (block.marker or "").startswith("fragment:")]
-    assert len(fragments) <= 2, "fragments must stay rare: make the examples runnable"
+    assert set(SETUPS) <= used, f"setups no block uses: {set(SETUPS) - used}"
 
 
-# ------------------------------------------------------------------------ configuration table
+def _runs_examples(test_file: Path) -> set[str]:
+    """The examples a test file runs: named there as a file, and the file starts a process or
+    loads a module from a path (``sys.executable``, ``spec_from_file_location``)."""
+    text = test_file.read_text()
+    if "sys.executable" not in text and "spec_from_file_location" not in text:
+        return set()
+    return set(re.findall(r"[\"'/](\w+\.py)[\"']", text))
 
 
-def _table_rows() -> dict[str, str]:
-    text = README.read_text()
-    section = text[text.index("## Configuration") :]
-    section = section[: section.index("\n## ", 1)]
-    rows: dict[str, str] = {}
-    for line in section.splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) != 3 or not cells[0].startswith("`"):
-            continue
-        names = re.findall(r"`([a-z_]+)`", cells[0])
-        defaults = cells[1].split(" / ")
-        assert len(defaults) == len(names), f"one default per name in: {line}"
-        for name, default in zip(names, defaults, strict=True):
-            rows[name] = default
+def test_every_included_example_is_run_by_a_test() -> None:
+    included = {block.snippet for block in BLOCKS if block.snippet is not None}
+    assert included, "the docs show examples by snippet includes"
+    run = {name for test in (ROOT / "tests").rglob("test_*.py") for name in _runs_examples(test)}
+    for example in sorted(included):
+        assert (ROOT / example).is_file(), f"{example} is included but does not exist"
+        assert Path(example).name in run, (
+            f"{example} is shown in the docs but no test runs it: add it to "
+            "tests/e2e/test_examples.py"
+        )
+
+
+def test_the_example_finder_can_fail(tmp_path: Path) -> None:
+    only_named = tmp_path / "test_a.py"
+    only_named.write_text('NAME = "cgi_script.py"\n')  # named, never run
+    assert _runs_examples(only_named) == set()
+    run = tmp_path / "test_b.py"
+    run.write_text('subprocess.run([sys.executable, EXAMPLES / "cgi_script.py"])\n')
+    assert _runs_examples(run) == {"cgi_script.py"}
+
+
+# ------------------------------------------------------------------------ the references
+
+
+CONFIGURATION = DOCS / "reference" / "configuration.md"
+
+
+def _table(markdown: str) -> dict[str, list[str]]:
+    """A generated table: the first cell's names, each with the row's cells."""
+    rows: dict[str, list[str]] = {}
+    for line in markdown.splitlines()[2:]:
+        # A pipe inside a code span (``str | None``) is no cell separator.
+        cells = [cell.strip() for cell in re.findall(r"(?:`[^`]*`|[^|`])+", line.strip())]
+        for name in re.findall(r"`([a-z_]+)`", cells[0]):
+            rows[name] = cells
     return rows
 
 
 def _default_of(cell: str) -> object:
-    literal = re.match(r"`([^`]*)`", cell)
+    literal = re.fullmatch(r"`([^`]*)`", cell)
     assert literal, f"a default is written as `code`: {cell!r}"
     if literal.group(1) == "Exception":
         return Exception
     return ast.literal_eval(literal.group(1))
 
 
-def test_configuration_table_has_every_argument_in_order_with_its_default() -> None:
-    rows = _table_rows()
+def test_the_configuration_page_asks_for_both_generated_tables() -> None:
+    text = CONFIGURATION.read_text()
+    for part in ("crashoverride-arguments", "handler-arguments"):
+        assert f"\n<!-- generated: {part} -->\n" in text
+    assert "<!-- generated:" not in GENERATE.expand(text)
+
+
+def test_the_generated_arguments_are_the_settings_table_in_order_with_defaults() -> None:
+    rows = _table(GENERATE.crashoverride_arguments())
     arguments = [field for field in FIELDS if field.scope != HANDLER]
-    names = [field.name for field in arguments]
-    missing, extra = set(names) - set(rows), set(rows) - set(names)
-    assert not missing, f"add a README Configuration row for each of {sorted(missing)}"
-    assert not extra, f"README Configuration rows for arguments that do not exist: {extra}"
-    assert list(rows) == names, "README Configuration rows in the order of the settings table"
+    assert list(rows) == [field.name for field in arguments]
     for field in arguments:
-        assert _default_of(rows[field.name]) == field.default, field.name
+        assert _default_of(rows[field.name][1]) == field.default, field.name
+        assert rows[field.name][2] == f"`{field.annotation}`"
+    # The signature is the same table (tests/config/test_settings_table.py holds it there).
+    assert list(inspect.signature(CrashOverride).parameters) == [f.name for f in arguments]
 
 
-def test_handler_arguments_named_in_the_configuration_section_exist() -> None:
-    text = README.read_text()
-    start = text.index('`co.handler(prompt="", *, ...)` accepts')
-    paragraph = text[start : text.index("\n\n", start)]
-    named = set(re.findall(r"`([a-z_]+)`", paragraph)) - {"result", "args", "kwargs"}
-    handler_names = {name for field in FIELDS if field.scope != "app"
-                     for name in (field.name, *field.aliases)}  # fmt: skip
-    assert named <= handler_names, named - handler_names
-    assert handler_names - {"prompt"} <= named, handler_names - named
+def test_the_generated_handler_arguments_are_every_handler_setting_and_alias() -> None:
+    rows = _table(GENERATE.handler_arguments())
+    handler_names = [name for field in FIELDS if field.scope != APP
+                     for name in (field.name, *field.aliases)]  # fmt: skip
+    assert list(rows) == handler_names
+    assert _default_of(rows["prompt"][1]) == ""
+    assert rows["timeout"][1] == "the application's"
+    assert "added to it" in rows["tools"][3] and "overrides it" in rows["mode"][3]
+
+
+def test_the_notes_by_argument_name_real_arguments_in_the_table_order() -> None:
+    text = CONFIGURATION.read_text()
+    notes = text[text.index("## Notes by argument") : text.index("## What a check's")]
+    named = [name for line in notes.splitlines() if line.startswith("- ")
+             for name in re.findall(r"`([a-z_]+)`", line.split(":")[0])]  # fmt: skip
+    order = [name for field in FIELDS for name in (field.name, *field.aliases)]
+    assert named and set(named) <= set(order), set(named) - set(order)
+    assert named == sorted(named, key=order.index), "notes in the order of the settings table"
+
+
+def test_the_event_registry_reader_finds_every_event_with_what_it_means() -> None:
+    from crashoverride._observe import events
+
+    defined = [value for name, value in vars(events).items()  # ``Redacted``: a str at run time
+               if name.isupper() and isinstance(value, str)]  # fmt: skip
+    registry = GENERATE.registry()
+    assert [name for name, _ in registry] == list(dict.fromkeys(defined))
+    missing = [name for name, comment in registry if not comment]
+    assert not missing, f"say when each is emitted, in a comment above it in events.py: {missing}"
+    table = GENERATE.events()
+    assert all(f"| `{name}` |" in table for name, _ in registry)
+
+
+def test_every_event_the_pages_name_exists() -> None:
+    known = {name for name, _ in GENERATE.registry()}
+    prefixes = {name.split(".")[0] for name in known}
+    for page in PAGES:
+        for name in re.findall(r"`([a-z]+\.[a-z_]+)`", page.read_text()):
+            if name.split(".")[0] in prefixes and name not in known:
+                pytest.fail(f"{page.relative_to(ROOT)} names an event that does not exist: {name}")
+
+
+def test_the_changelog_starts_with_the_version_the_package_reports() -> None:
+    text = (ROOT / "CHANGELOG.md").read_text()
+    assert text.startswith("# Changelog\n")
+    versions = re.findall(r"^## \[([^\]]+)\]", text, re.M)
+    assert versions, "Keep a Changelog: one `## [version] - date` section per release"
+    assert versions[0] == crashoverride.__version__
+    assert (DOCS / "changelog.md").read_text().strip() == '--8<-- "CHANGELOG.md"'
 
 
 def test_the_import_cost_quoted_is_the_measured_one() -> None:
@@ -549,8 +671,9 @@ def test_the_import_cost_quoted_is_the_measured_one() -> None:
         r"\| import crashoverride, extra over python -c pass \| ([\d.]+) ms", results
     )
     assert interpreter and figure
+    install = (DOCS / "getting-started" / "install.md").read_text()
     quoted = re.search(r"`import crashoverride` costs about (\d+) ms .*?CPython\s+(\S+),",
-                       README.read_text(), re.DOTALL)  # fmt: skip
-    assert quoted, "the README quotes the import cost and the interpreter it was measured on"
-    assert int(quoted.group(1)) == round(float(figure.group(1))), "refresh the README figure"
+                       install, re.DOTALL)  # fmt: skip
+    assert quoted, "the install page quotes the import cost and the interpreter it was measured on"
+    assert int(quoted.group(1)) == round(float(figure.group(1))), "refresh the quoted figure"
     assert quoted.group(2) == interpreter.group(1)
