@@ -28,6 +28,7 @@ EXTRAS_PACKAGES = {
     "starlette": ("starlette",),
     "otel": ("opentelemetry",),
     "sentry": ("sentry_sdk",),
+    "scrapy": ("scrapy", "twisted"),
 }
 
 BLOCKER = """
@@ -93,6 +94,15 @@ def test_the_celery_integration_without_celery_names_the_extra() -> None:
     result = _import_without(EXTRAS_PACKAGES["celery"], "crashoverride.integrations.celery")
     assert result["error"] in {"ImportError", "ModuleNotFoundError"}
     assert "pip install 'crashoverride[celery]'" in result["message"]
+
+
+def test_every_extra_of_the_project_is_in_the_table() -> None:
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert set(extras) - {"all", "dev", "docs"} == set(EXTRAS_PACKAGES)
 
 
 @pytest.mark.parametrize("module", _integration_modules())
