@@ -1,7 +1,7 @@
 """The contract integrations are written against: describe the unit, recover it, act on it.
 
-Everything in ``crashoverride.integrations`` (ASGI, asyncio, Celery) uses only this module and
-the package's public names; a new integration (Django, arq, a queue consumer) is one small file::
+Everything in ``crashoverride.integrations`` (ASGI, asyncio, Celery, arq) uses only this module and
+the package's public names; a new integration (Django, a queue consumer) is one small file::
 
     from crashoverride import integration
 

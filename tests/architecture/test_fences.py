@@ -22,6 +22,7 @@ BRIEF_SITES = {
     "crashoverride._security.brief",  # the empty brief of a block that needs none
     "crashoverride.integrations.asgi._after",
     "crashoverride.integrations.asgi._block",
+    "crashoverride.integrations.arq",
     "crashoverride.integrations.asgi._ws_block",
     "crashoverride.integrations.asyncio",
     "crashoverride.integrations.celery",

@@ -10,7 +10,6 @@ import shlex
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,18 +30,21 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 
 def test_demo_runs_offline_says_the_model_is_scripted_and_every_claim_holds() -> None:
-    began = time.monotonic()
     result = _run("demo")
-    took = time.monotonic() - began
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "The model is SCRIPTED" in out
-    assert "13/13 checks passed: all claims held (scripted model" in out
+    assert "14/14 checks passed: all claims held (scripted model" in out
     assert "FAIL" not in out
     for event in ("recovery.started", "recovery.tool_called", "recovery.succeeded",
                   "followup.succeeded"):  # fmt: skip
         assert event in out
-    assert took < 30
+    # Scene 3: the rate comes from the feed, the follow-up's patch is a real diff of the
+    # application's file, and a rate no source holds is not made up.
+    assert "convert(100.0, 'EUR') -> 92.31" in out
+    assert "the follow-up proposed rates_app.py.fu_" in out
+    assert "+    if isinstance(rates, list):" in out
+    assert "convert(100.0, 'CHF') -> raised KeyError('CHF')" in out
 
 
 def test_demo_live_without_credentials_refuses_clearly() -> None:

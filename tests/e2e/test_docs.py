@@ -677,3 +677,12 @@ def test_the_import_cost_quoted_is_the_measured_one() -> None:
     assert quoted, "the install page quotes the import cost and the interpreter it was measured on"
     assert int(quoted.group(1)) == round(float(figure.group(1))), "refresh the quoted figure"
     assert quoted.group(2) == interpreter.group(1)
+
+
+def test_the_eval_guide_counts_the_scenarios_there_are() -> None:
+    from crashoverride._eval._runner import catalogue
+
+    guide = (ROOT / "docs" / "guides" / "eval.md").read_text(encoding="utf-8")
+    said = re.search(r"\*\*What runs\.\*\* (\d+) scenarios", guide)
+    assert said is not None
+    assert int(said.group(1)) == len(catalogue())

@@ -29,6 +29,7 @@ EXTRAS_PACKAGES = {
     "otel": ("opentelemetry",),
     "sentry": ("sentry_sdk",),
     "scrapy": ("scrapy", "twisted"),
+    "arq": ("arq",),
 }
 
 BLOCKER = """

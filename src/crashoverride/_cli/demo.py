@@ -137,7 +137,6 @@ def _serve(app: Any) -> tuple[Any, threading.Thread, socket.socket]:
 
 
 def scene_endpoint(make: Callable[[list[Any]], CrashOverride]) -> list[Claim]:
-    import httpx
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse
@@ -168,7 +167,7 @@ def scene_endpoint(make: Callable[[list[Any]], CrashOverride]) -> list[Claim]:
     responses = []
     try:
         for kg in ("2.5", "1"):
-            response = httpx.get(f"http://127.0.0.1:{port}/quote?kg={kg}", timeout=60)
+            response = _get(f"http://127.0.0.1:{port}/quote?kg={kg}")
             responses.append(response)
             print(f"    GET /quote?kg={kg} -> {response.status_code} {response.text}")
     finally:
@@ -188,76 +187,230 @@ def scene_endpoint(make: Callable[[list[Any]], CrashOverride]) -> list[Claim]:
     ]  # fmt: skip
 
 
-# ------------------------------------------------------ scene 3: a background task + follow-up
+class _Response:
+    def __init__(self, status_code: int, text: str) -> None:
+        self.status_code, self.text = status_code, text
+
+    def json(self) -> Any:
+        import json
+
+        return json.loads(self.text)
+
+
+def _get(url: str) -> _Response:
+    """One GET with the standard library (the demo needs no HTTP client package)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=60) as answer:
+            return _Response(answer.status, answer.read().decode())
+    except urllib.error.HTTPError as error:
+        return _Response(error.code, error.read().decode())
+
+
+# ------------------------------------------------- scene 3: a background task + its follow-up
+
+# The application of this scene is a real module on disk (written to a temporary directory), so
+# the follow-up's patch is a real diff of a real file, which the scene then applies and runs.
+RATES_APP = '''\
+"""Converts amounts with the rates of a daily feed (a file the feed's publisher rewrites)."""
+
+import json
+import pathlib
+
+FEED = pathlib.Path(__file__).with_name("rates.json")
+
+
+def load_rates():
+    """The rates the feed publishes, by currency code."""
+    return json.loads(FEED.read_text())["rates"]
+
+
+async def convert(amount, currency):
+    rates = load_rates()
+    return round(amount * rates[currency], 2)
+'''
+
+# Today the publisher switched the feed to a list of entries; EUR is there, CHF is not.
+FEED = {"base": "USD", "rates": [{"code": "EUR", "rate": 0.9231}, {"code": "GBP", "rate": 0.7874}]}
+
+FIXED_LOADER = '''\
+def load_rates():
+    """The rates the feed publishes, by currency code (both of the feed's formats)."""
+    rates = json.loads(FEED.read_text())["rates"]
+    if isinstance(rates, list):  # the feed now lists {"code": ..., "rate": ...} entries
+        rates = {entry["code"]: entry["rate"] for entry in rates}
+    return rates
+'''
 
 
 def background_script() -> list[Any]:
-    from crashoverride.testing import done, exec_python
+    from crashoverride.testing import done, exec_python, give_up
 
-    write_patch = (
-        "import pathlib, tempfile\n"
-        "path = pathlib.Path(tempfile.gettempdir()) / f'crashoverride-demo-{followup_id}.patch'\n"
-        "path.write_text('- return round(amount * rates[\"EUR\"], 2)\\n'\n"
-        "                '+ return round(amount * rates.get(\"EUR\", 0.92), 2)\\n')\n"
-        "print(path)"
+    recover = (
+        f"replace_function(load_rates, {FIXED_LOADER!r})\n"
+        "print(load_rates())\n"
+        "rerun()\n"
+        "spawn_followup('Propose the permanent fix of load_rates as a patch file next to its '\n"
+        "               'source, for review; do not change the source itself.')"
+    )
+    # The follow-up finds the file in the report's traceback and diffs the real file.
+    propose = (
+        "import difflib, pathlib, re\n"
+        'path = pathlib.Path(re.findall(r\'File "([^"]+\\.py)", line \\d+, in convert\',\n'
+        "                               str(report.traceback))[-1])\n"
+        "before = path.read_text()\n"
+        "start = before.index('def load_rates():')\n"
+        "end = before.index('\\n\\n\\n', start) + 1\n"
+        f"after = before[:start] + {FIXED_LOADER!r} + before[end:]\n"
+        "diff = ''.join(difflib.unified_diff(before.splitlines(True), after.splitlines(True),\n"
+        "                                    f'a/{path.name}', f'b/{path.name}'))\n"
+        "patch = path.with_name(f'{path.name}.{followup_id}.patch')\n"
+        "patch.write_text(diff)\n"
+        "print(patch)"
     )
     return [
-        exec_python(
-            "spawn_followup('Write the permanent fix for the missing EUR rate as a patch file.')\n"
-            "set_result(round(args[0] * 0.92, 2))"
-        ),
-        done("Used the documented 0.92 EUR rate and queued a follow-up for the real fix."),
-        # The follow-up job is an agent run of its own, after the task already returned:
-        exec_python(write_patch),
-        done("Wrote a patch proposal that falls back to the documented rate."),
-    ]
+        # Recovery 1: EUR is in the feed, in its new format.
+        exec_python("print(FEED.read_text())"),
+        exec_python(recover),
+        done("The feed now lists {code, rate} entries; load_rates reads both formats (patched "
+             "live), the task ran again with the feed's EUR rate, and a follow-up proposes "
+             "the permanent patch."),
+        # The follow-up job: an agent run of its own, after the task already returned.
+        exec_python(propose),
+        done("Proposed the fix of load_rates as a patch next to rates_app.py."),
+        # Recovery 2: CHF is in no source the agent can read; it will not make a rate up.
+        exec_python("print(sorted(load_rates()))"),
+        give_up("The feed publishes no CHF rate, and no other source here has one: any number "
+                "returned would be invented."),
+    ]  # fmt: skip
 
 
 async def scene_background(make: Callable[[list[Any]], CrashOverride]) -> list[Claim]:
+    import json
+    import pathlib
+    import shutil
+    import tempfile
+
     from crashoverride.followups import TaskGroupRunner
 
     task = importlib.import_module("crashoverride.integrations.asyncio").task
+    where = pathlib.Path(tempfile.mkdtemp(prefix="crashoverride-demo-"))
+    try:
+        source = where / "rates_app.py"
+        source.write_text(RATES_APP)
+        (where / "rates.json").write_text(json.dumps(FEED))
+        return await _background(make, task, _load(source, "rates_app"), TaskGroupRunner)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+async def _background(
+    make: Callable[[list[Any]], CrashOverride], task: Any, app: Any, runner: Any
+) -> list[Claim]:
+    import pathlib
 
     co = make(background_script())
     mark = len(EVENTS)
-    guard = task(co, prompt="Return the converted amount; EUR uses the documented 0.92 rate.")
-    rates: dict[str, float] = {}
-    results: list[float] = []
-
-    @guard  # type: ignore[untyped-decorator]
-    async def convert(amount: float) -> float:
-        return round(amount * rates["EUR"], 2)
+    guard = task(co, prompt="Return the converted amount at the feed's real rate; never make a "
+                 "rate up.")  # fmt: skip
+    convert = guard(app.convert)
+    source = pathlib.Path(app.__file__)
+    eur: list[float] = []
 
     async def one() -> None:
-        results.append(await convert(100.0))
-        print(f"    convert(100.0) -> {results[-1]} (the task is done; the follow-up runs on)")
+        eur.append(await convert(100.0, "EUR"))
+        print(f"    convert(100.0, 'EUR') -> {eur[-1]} (the task is done; the follow-up runs on)")
 
-    async with TaskGroupRunner(grace=20), anyio.create_task_group() as tg:
+    async with runner(grace=20), anyio.create_task_group() as tg:
         tg.start_soon(one)
-    events = recorded(mark)
-    names = [e["event"] for e in events]
-    patches = [_patch_path(e) for e in events if e["event"] == "followup.succeeded"]
-    written = [p for p in patches if p is not None and p.exists()]
-    for path in written:
-        print(f"    follow-up wrote {path}:")
-        print("      " + path.read_text().replace("\n", "\n      ").rstrip())
-        path.unlink()
+    patches, unchanged = _proposals(source)
+    works = await _patched_copy_converts(source, patches)
+    chf: BaseException | None = None
+    try:
+        await convert(100.0, "CHF")
+    except KeyError as exc:
+        chf = exc
+    notes = "".join(getattr(chf, "__notes__", []))
+    print(f"    convert(100.0, 'CHF') -> raised {chf!r}, with the note:\n      {notes}")
+    names = [e["event"] for e in recorded(mark)]
     return [
-        ("the task returned the recovered value", results == [92.0], f"{results}"),
-        ("a follow-up job started after the recovery", "followup.started" in names, ""),
-        ("the follow-up job completed", "followup.succeeded" in names, ""),
-        ("the follow-up's patch file exists", bool(written), f"{patches}"),
-    ]
+        ("EUR: the task returned 100 at the feed's real rate (0.9231)", eur == [92.31], f"{eur}"),
+        ("a follow-up job ran after the task returned and completed",
+         "followup.succeeded" in names, ""),
+        ("it wrote a real patch of rates_app.py; the source itself is unchanged",
+         len(patches) == 1 and unchanged, f"{patches}"),
+        ("the patch applies to a copy of the source, which converts EUR with no recovery",
+         works, ""),
+        ("CHF (in no source): nothing invented, the KeyError reached the caller with a note",
+         isinstance(chf, KeyError) and "gave up" in notes.lower(), f"{chf!r} {notes!r}"),
+    ]  # fmt: skip
 
 
-def _patch_path(event: dict[str, Any]) -> Any:
-    import pathlib
-    import tempfile
+def _proposals(source: Any) -> tuple[list[Any], bool]:
+    """The patch files proposed for ``source`` (shown), and whether it is still as written."""
+    patches = sorted(source.parent.glob(f"{source.name}.*.patch"))
+    for patch in patches:
+        print(f"    the follow-up proposed {patch.name}:")
+        print("      " + patch.read_text().rstrip().replace("\n", "\n      "))
+    return patches, source.read_text() == RATES_APP
 
-    job = event.get("followup_id")
-    if not job:
-        return None
-    return pathlib.Path(tempfile.gettempdir()) / f"crashoverride-demo-{job}.patch"
+
+def _load(path: Any, name: str) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def _patched_copy_converts(source: Any, patches: list[Any]) -> bool:
+    """Apply the proposed patch to a copy of ``source``; does the copy convert EUR unaided?"""
+    if len(patches) != 1:
+        return False
+    try:
+        patched = apply_patch(source.read_text(), patches[0].read_text())
+    except ValueError as exc:
+        print(f"    the patch does not apply: {exc}")
+        return False
+    copy = source.with_name("rates_app_patched.py")
+    copy.write_text(patched)
+    value = await _load(copy, "rates_app_patched").convert(100.0, "EUR")
+    return bool(value == 92.31)
+
+
+def apply_patch(text: str, patch: str) -> str:
+    """``text`` with the unified diff ``patch`` applied; ValueError where a line disagrees."""
+    import re
+
+    old = text.splitlines(keepends=True)
+    new: list[str] = []
+    cursor = 0
+    lines = patch.splitlines(keepends=True)
+    index = 0
+    while index < len(lines):
+        hunk = re.match(r"@@ -(\d+)(?:,(\d+))? ", lines[index])
+        index += 1
+        if hunk is None:
+            continue
+        start = int(hunk.group(1)) - (0 if hunk.group(2) == "0" else 1)
+        if start < cursor:
+            raise ValueError("hunks overlap or are out of order")
+        new += old[cursor:start]
+        cursor = start
+        while index < len(lines) and lines[index][:1] in (" ", "-", "+"):
+            tag, line = lines[index][0], lines[index][1:]
+            if tag != "+":
+                if cursor >= len(old) or old[cursor] != line:
+                    raise ValueError(f"line {cursor + 1} is not {line!r}")
+                cursor += 1
+            if tag != "-":
+                new.append(line)
+            index += 1
+    return "".join(new + old[cursor:])
 
 
 # ---------------------------------------------------------------------- event recording

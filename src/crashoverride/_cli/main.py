@@ -12,14 +12,25 @@ from typing import Any
 SCRIPTED_BANNER = """\
 crashoverride demo (offline)
 The model is SCRIPTED: agents.testing.ScriptedModel plays agent steps written in advance in
-src/crashoverride/_cli/demo.py. No AI is involved. Everything else is real: the Agents SDK run loop,
-the tools executing in this live process, uvicorn on 127.0.0.1, the follow-up job.
+crashoverride/_cli/demo.py (redelivery.py for that scene). No AI is involved. Everything else
+is real: the Agents SDK run loop, the tools executing in the live process, uvicorn on 127.0.0.1,
+the follow-up job, and in the redelivery scene Celery worker processes and Redis.
 """
 
 LIVE_BANNER = """\
 crashoverride demo (live)
 A real model decides every step ({where}). Results depend on it; the checks say what held.
 """
+
+# name: what the scene shows. ``crashoverride demo`` runs the offline ones.
+SCENES = {
+    "scraper": "An async scraper whose source renames `article_text` to `body` mid-run",
+    "endpoint": "A Starlette endpoint behind uvicorn hits a deliberate NotImplementedError",
+    "followup": "A background task meets a changed rates feed; its follow-up proposes a real patch",
+    "redelivery": "A Celery worker is killed with SIGKILL right after a declared charge; the "
+    "redelivered task is recovered and the card charged once (needs celery and a Redis)",
+}
+OFFLINE_SCENES = ("scraper", "endpoint", "followup")
 
 _FIELDS = ("placement", "tool", "code", "via", "reason", "followup_id", "duration_ms")
 
@@ -69,16 +80,28 @@ def demo(args: argparse.Namespace) -> int:
 
         return CrashOverride(project_prompt=project, model=script(*steps), timeout=30)
 
+    chosen = args.scene or list(OFFLINE_SCENES)
+    if "redelivery" in chosen:
+        from crashoverride._cli import redelivery
+
+        url = os.environ.get("REDIS_URL", redelivery.DEFAULT_URL)
+        if live:
+            print("--live does not apply to the redelivery scene: its workers' model is "
+                  "scripted", file=sys.stderr)  # fmt: skip
+            return 2
+        lacking = redelivery.missing(url)
+        if lacking:
+            print(lacking, file=sys.stderr)
+            return 2
     where = args.base_url or "OpenAI, OPENAI_API_KEY"
     print(LIVE_BANNER.format(where=where) if live else SCRIPTED_BANNER)
-    scenes: list[tuple[str, Callable[[], list[_demo.Claim]]]] = [
-        ("An async scraper whose source renames `article_text` to `body` mid-run",
-         lambda: anyio.run(_demo.scene_scraper, make)),
-        ("A Starlette endpoint behind uvicorn hits a deliberate NotImplementedError",
-         lambda: _demo.scene_endpoint(make)),
-        ("A background task recovers and spawns a follow-up job",
-         lambda: anyio.run(_demo.scene_background, make)),
-    ]  # fmt: skip
+    runs: dict[str, Callable[[], list[_demo.Claim]]] = {
+        "scraper": lambda: anyio.run(_demo.scene_scraper, make),
+        "endpoint": lambda: _demo.scene_endpoint(make),
+        "followup": lambda: anyio.run(_demo.scene_background, make),
+        "redelivery": lambda: redelivery.scene(url),
+    }
+    scenes = [(SCENES[name], runs[name]) for name in chosen]
     began = time.monotonic()
     held = total = 0
     for number, (title, scene) in enumerate(scenes, 1):
@@ -116,7 +139,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="crashoverride", description="crashoverride: the offline demo and the doctor."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    run_demo = commands.add_parser("demo", help="watch three recoveries (offline by default)")
+    listing = "\n".join(f"  {name:<11} {text}" for name, text in SCENES.items())
+    run_demo = commands.add_parser(
+        "demo",
+        help="watch recoveries happen (offline by default)",
+        description="Watch recoveries happen, each checked against what actually happened. "
+        "The model is scripted unless --live.",
+        epilog=f"scenes (default: {', '.join(OFFLINE_SCENES)}):\n{listing}\n\nThe "
+        "redelivery scene runs real Celery workers against a real Redis (REDIS_URL, default "
+        "redis://127.0.0.1:6379/11): pip install 'crashoverride[demo,celery]'.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run_demo.add_argument("--scene", action="append", choices=list(SCENES), metavar="NAME",
+                          help="run this scene (repeatable); see the list below")  # fmt: skip
     run_demo.add_argument("--live", action="store_true", help="use a real model")
     run_demo.add_argument("--base-url", help="an OpenAI-compatible endpoint for --live")
     run_demo.add_argument("--model", help="model name for --live (default: the SDK's)")
