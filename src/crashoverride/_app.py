@@ -85,6 +85,9 @@ class CrashOverride:
         coordination: Who recoveries coordinate with: this process (None) or a fleet. A
             ``crashoverride.RedisCoordination``: one agent run per failure fleet-wide, and
             signed fixes shared by every process (the docs, "Running a fleet").
+        recovery_header: Recovered HTTP responses carry a ``crashoverride-recovery`` header.
+            Its value is the recovery's id (the one in its events and report), so a client or
+            a proxy log can tell a recovered answer from a plain one. False: no header.
 
     Raises:
         ConfigurationError: An argument is invalid; the error names it.
@@ -130,6 +133,7 @@ class CrashOverride:
         source_changes: str = "write",
         redaction: Redaction | None = None,
         coordination: RedisCoordination | None = None,
+        recovery_header: bool = True,
     ) -> None:
         arguments = dict(locals())  # exactly the parameters: nothing else is bound yet
         del arguments["self"]

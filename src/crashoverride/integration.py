@@ -73,6 +73,7 @@ __all__ = [
     "Redactor",
     "arecover",
     "attempt_of",
+    "awarm_up",
     "call_block",
     "catches",
     "clip",
@@ -138,6 +139,26 @@ class unit_of_work:
                 _effects.closed(self)
             except RecursionError:  # no stack left even for this: the unit is left to its context
                 pass
+
+
+async def awarm_up(handler: Handler) -> bool:
+    """Get the process ready for ``handler``'s recoveries (an ASGI lifespan startup, a worker's
+    boot): ``CrashOverride.awarm_up`` when a recovery could run at all.
+
+    When no model can be reached with the handler's settings (no API key, client factory or
+    ``base_url``: the pipeline's first admission check), every recovery would be refused at
+    once, so the Agents SDK is not imported (seconds of startup for nothing); the coordination
+    backend's background work (eager fleet fixes) starts either way. Returns whether it
+    imported. Its exceptions are the SDK import's (a broken installation).
+    """
+    from crashoverride._admission.credentials import missing_credentials
+
+    app = handler._app
+    if missing_credentials(handler.settings) is not None:
+        app._limits().coordination.start()
+        return False
+    await app.awarm_up()
+    return True
 
 
 class attempt_of:

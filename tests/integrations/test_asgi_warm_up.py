@@ -7,6 +7,7 @@ yet) and asks it, over HTTP, which heavy modules are loaded once startup has fin
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -41,7 +42,8 @@ SERVER = textwrap.dedent(
                              "events": [e["event"] for e in events]})
 
     kind = sys.argv[1]
-    co = (Broken if kind == "broken" else CrashOverride)(model="m", api_key="sk-test")
+    key = None if kind == "nokey" else "sk-test"
+    co = (Broken if kind == "broken" else CrashOverride)(model="m", api_key=key)
     app = Starlette(routes=[Route("/modules", modules)])
     app.add_middleware(CrashOverrideMiddleware, crash_override=co, warm_up=kind != "lazy")
     sock = socket.socket()
@@ -54,7 +56,10 @@ SERVER = textwrap.dedent(
 
 
 def _after_startup(kind: str) -> dict[str, object]:
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, kind], stdout=subprocess.PIPE, text=True)
+    env = {name: value for name, value in os.environ.items() if name != "OPENAI_API_KEY"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVER, kind], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
@@ -82,6 +87,12 @@ def test_startup_imports_the_sdk_before_the_first_request() -> None:
 
 def test_warm_up_false_keeps_the_import_lazy() -> None:
     assert _after_startup("lazy") == {"agents": False, "events": []}
+
+
+def test_no_warm_up_when_no_recovery_could_run() -> None:
+    # No API key, no client factory, no base_url: every recovery would be refused at once, so
+    # importing the SDK (seconds of startup) would buy nothing.
+    assert _after_startup("nokey") == {"agents": False, "events": []}
 
 
 def test_a_failed_warm_up_is_reported_and_the_app_still_starts() -> None:

@@ -17,7 +17,12 @@ from celery.result import AsyncResult
 from structlog.testing import capture_logs
 
 from crashoverride import CrashOverride
-from crashoverride.integrations.celery import FOLLOWUP_TASK, CrashOverrideTask, install
+from crashoverride.integrations.celery import (
+    FOLLOWUP_TASK,
+    CrashOverrideTask,
+    FollowupFailed,
+    install,
+)
 from crashoverride.testing import Script, StepLike, done, exec_python, give_up, script
 from tests.integrations.celery_support import redis_url
 from tests.integrations.fence_support import fenced_only
@@ -64,6 +69,17 @@ def _define_tasks(app: Celery) -> None:
     )
     def autoretry() -> None:
         _count("autoretry")
+        raise ConnectionError("upstream down")
+
+    @app.task(
+        shared=False,
+        name="t.autoretry_recovered",
+        autoretry_for=(ConnectionError,),
+        max_retries=2,
+        retry_kwargs={"countdown": 0},
+    )
+    def autoretry_recovered() -> str:
+        _count("autoretry_recovered")
         raise ConnectionError("upstream down")
 
     @app.task(
@@ -191,6 +207,44 @@ def test_autoretry_still_retries_an_unrecovered_task(worker_app: Celery) -> None
     assert AsyncResult(sent.id, app=worker_app).state == "FAILURE"
     # Celery retried first; the agent saw the exception once, after the retries ran out.
     assert len(model.calls) == 1
+
+
+def test_with_autoretry_the_recovery_runs_on_the_last_attempt(worker_app: Celery) -> None:
+    # What docs/guides/celery-operations.md promises: Celery's retries come first, and the
+    # agent sees the exception once, in the attempt that has no retry left.
+    model = _use(
+        worker_app,
+        exec_python("set_result(('recovered', request['retries'], task.max_retries))"),
+        done("served the cached answer"),
+    )
+    sent = worker_app.send_task("t.autoretry_recovered")
+    assert tuple(sent.get(timeout=30)) == ("recovered", 2, 2)
+    assert ATTEMPTS["autoretry_recovered"] == 3
+    assert AsyncResult(sent.id, app=worker_app).state == "SUCCESS"
+    assert len(model.calls) == 2  # one recovery: its tool call and its final answer
+
+
+def test_a_failed_followup_is_a_failed_task(worker_app: Celery) -> None:
+    _use(
+        worker_app,
+        exec_python("set_result(0)"),
+        done("used 0"),
+        give_up("no ticket system is reachable"),  # the follow-up agent
+    )
+    with capture_logs() as logs:
+        assert worker_app.send_task("t.with_followup").get(timeout=30) == 0
+        (submitted,) = [e for e in logs if e["event"] == "followup.submitted"]
+        job = AsyncResult(submitted["followup_id"], app=worker_app)
+        # A failed follow-up is a failed Celery task (red in Flower), not a SUCCESS whose
+        # value says "failed"; its exception says why, and carries the follow-up's result.
+        with pytest.raises(FollowupFailed, match="no ticket system is reachable") as raised:
+            job.get(timeout=30)
+    assert AsyncResult(job.id, app=worker_app).state == "FAILURE"
+    failure = raised.value
+    assert failure.followup_id == submitted["followup_id"] == job.id
+    assert "the agent gave up: no ticket system is reachable" in failure.reason
+    assert failure.result["outcome"] == "failed"
+    assert str(failure).startswith(f"follow-up {job.id} failed: ")
 
 
 def test_followup_runs_on_the_celery_queue(worker_app: Celery) -> None:
@@ -351,6 +405,36 @@ def test_eager_async_body_unrecovered(eager: Celery) -> None:
 
     with pytest.raises(ArithmeticError, match="async original"):
         broken.delay()
+
+
+def test_install_twice_registers_the_followup_task_once(eager: Celery) -> None:
+    # Warnings are errors here: a second registration would be DuplicateTaskNameWarning.
+    unused = script()
+    first = CrashOverride(model=unused)
+    second = CrashOverride(
+        model=Script(exec_python("set_result('ok')"), done()).run(give_up("cannot")).model()
+    )
+    install(eager, first)
+    install(eager, second, followup_queue="fu2")
+    assert [name for name in eager.tasks if name == FOLLOWUP_TASK] == [FOLLOWUP_TASK]
+
+    @eager.task(
+        name="eager.t10", shared=False, base=CrashOverrideTask, recovery_options={"followups": "x"}
+    )
+    def failing() -> str:
+        raise OSError("disk")
+
+    with capture_logs() as logs:
+        assert failing.delay().get() == "ok"  # the second install's instance recovered it
+    # The follow-up ran in place (eager) and failed: that fails the follow-up's task, never
+    # the recovered task that submitted it.
+    assert [e["event"] for e in logs if e["event"].startswith("followup.")] == [
+        "followup.submitted",
+        "followup.started",
+        "followup.tool_called",  # give_up
+        "followup.failed",
+    ]
+    assert not unused.calls
 
 
 def test_eager_followup_through_the_celery_runner(eager: Celery) -> None:

@@ -1,7 +1,9 @@
 """``RedisCoordination``: the fleet backend's configuration, validated at construction.
 
 Only a description: nothing connects, and ``redis`` is not imported, until a protected block
-fails (see ``_fleet.backend``). The happy path never talks to Redis.
+fails (see ``_fleet.backend``). The happy path never talks to Redis. Whether redis-py is
+installed is asked at construction (found, not imported), so a missing extra is one
+``ConfigurationError`` at start-up rather than a degraded recovery every time.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ class RedisCoordination:
             thread for each connection attempt (once per process while Redis answers).
 
     Raises:
-        ConfigurationError: An argument is invalid; the error names it.
+        ConfigurationError: An argument is invalid; the error names it. Or redis-py is not
+            installed (``pip install 'crashoverride[redis]'``).
     """
 
     __slots__ = (
@@ -136,10 +139,26 @@ class RedisCoordination:
         self.max_agent_runs_per_minute = budget
         self.record_ttl = _number("record_ttl", record_ttl, upper=365 * 86_400)
         self.journal_ttl = _number("journal_ttl", journal_ttl, upper=30 * 86_400)
+        _require_redis()
 
     def __repr__(self) -> str:
         where = "client_factory" if self.url is None else "url=<hidden>"
         return f"RedisCoordination({where}, namespace={self.namespace!r})"
+
+
+def _require_redis() -> None:
+    # Found, not imported: importing redis-py costs start-up time the happy path never needs.
+    from importlib.util import find_spec
+
+    try:
+        found = find_spec("redis") is not None
+    except ImportError:  # an import hook refusing it, a broken installation
+        found = False
+    if not found:
+        raise ConfigurationError(
+            "RedisCoordination",
+            "needs redis-py, which is not installed: pip install 'crashoverride[redis]'",
+        )
 
 
 def _key(key: object, apply_fixes: str) -> bytes | None:

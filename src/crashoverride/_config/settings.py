@@ -392,6 +392,9 @@ class Settings:
     coordination = Field(None, _coordination, APP,
                          "Who recoveries coordinate with: this process (None) or a fleet.",
                          annotation="RedisCoordination | None")
+    recovery_header = Field(True, _flag, APP,
+                            "Recovered HTTP responses carry a ``crashoverride-recovery`` header.",
+                            annotation="bool")
     # fmt: on
 
     def __setattr__(self, key: str, value: object) -> None:

@@ -9,6 +9,10 @@ this module only adds the report to that event, found by the recovery id in the 
 carries. Events go through ``capture_event``: ``before_send``, the event scrubber and the client's
 options apply to them as to any other.
 
+Written for sentry-sdk 2.x and 3.x: 3.0 reads the client's options itself in
+``event_from_exception``, replaced ``include_local_variables`` with the ``data_collection``
+option, and has no event scrubber (``_sends_locals``, ``_event_from``, ``_scrubbed``).
+
 The event this module sends passes the recovery's redactor as a whole, once the scopes have
 added their data and serialised as the SDK would send it: every exception's message in the
 chain, every frame's local variables (the SDK's scrubber knows only names), the scope's extras,
@@ -18,6 +22,7 @@ already.
 
 from __future__ import annotations
 
+import inspect
 import re
 import threading
 from collections import OrderedDict
@@ -53,12 +58,38 @@ _installed = False
 
 def _scrubbed(record: RedactedData) -> dict[str, Any]:
     """The client's event scrubber applied to (a copy of) the report: it scrubs no context by
-    itself."""
+    itself. (sentry-sdk 3 has none: the report is redacted by the recovery's redactor.)"""
     copy = dict(record)
     scrubber = sentry_sdk.get_client().options.get("event_scrubber")
     if scrubber is not None:
         scrubber.scrub_dict(copy)
     return copy
+
+
+def _sends_locals(options: Mapping[str, Any]) -> bool:
+    """Whether the client sends the frames' local variables (as the SDK itself decides)."""
+    collection = options.get("data_collection")
+    # sentry-sdk 3 has only ``data_collection``; in 2.x it wins when the application set it.
+    governs = "include_local_variables" not in options or (
+        isinstance(collection, Mapping) and bool(collection.get("provided_by_user"))
+    )
+    if isinstance(collection, Mapping) and governs:
+        frames = collection.get("stack_frame_variables", True)
+        if isinstance(frames, Mapping):  # a key/value behaviour: some locals are sent
+            return bool(frames.get("mode", "denylist") != "off")
+        return bool(frames)
+    return bool(options.get("include_local_variables", True))
+
+
+def _event_from(exc: BaseException, options: Mapping[str, Any], mechanism: dict[str, Any]) -> Any:
+    # sentry-sdk 2 takes the client's options as an argument; 3 reads the current client's.
+    build: Any = event_from_exception  # typed for the installed major version only
+    if _TAKES_OPTIONS:
+        return build(exc, client_options=options, mechanism=mechanism)
+    return build(exc, mechanism=mechanism)
+
+
+_TAKES_OPTIONS: Final = "client_options" in inspect.signature(event_from_exception).parameters
 
 
 def _chain(exc: BaseException | None) -> list[BaseException]:
@@ -127,7 +158,7 @@ class SentryWatch:
         if not client.is_active():
             return
         mechanism = {"type": MECHANISM, "handled": True}
-        event, hint = event_from_exception(exc, client_options=client.options, mechanism=mechanism)
+        event, hint = _event_from(exc, client.options, mechanism)
         event["level"] = "warning"
         with (
             use_isolation_scope(self.isolation),
@@ -142,7 +173,7 @@ class SentryWatch:
             scope.set_tag("crashoverride.recovery_id", report.recovery_id)
             # The transcript quotes live values (what the agent read): sent only where the
             # client sends local variables at all.
-            if client.options.get("include_local_variables", True):
+            if _sends_locals(client.options):
                 scope.add_attachment(
                     bytes=render(report).encode(),
                     filename=f"{report.recovery_id}.txt",

@@ -40,8 +40,15 @@ import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
-import celery
-from celery._state import _task_stack
+try:
+    import celery
+    from celery._state import _task_stack
+except ImportError as missing:  # named here, with the extra that installs it
+    raise ImportError(
+        f"crashoverride.integrations.celery needs Celery ({missing}): "
+        "pip install 'crashoverride[celery]'",
+        name=missing.name,
+    ) from missing
 
 from crashoverride import followups, integration
 
@@ -54,6 +61,7 @@ __all__ = [
     "FOLLOWUP_TASK",
     "CeleryRunner",
     "CrashOverrideTask",
+    "FollowupFailed",
     "followup_queue",
     "install",
     "queue_consumers",
@@ -355,7 +363,9 @@ class CeleryRunner:
     def submit_job(self, job: FollowupJob) -> str:
         payload = job.to_payload()
         if self.app.conf.task_always_eager:
-            self.app.tasks[FOLLOWUP_TASK].apply(args=(payload,), task_id=job.id)
+            # ``throw=False``: a failed follow-up fails its own task, not the recovery that
+            # submitted it (``task_eager_propagates`` would raise it here).
+            self.app.tasks[FOLLOWUP_TASK].apply(args=(payload,), task_id=job.id, throw=False)
         else:
             self.app.send_task(
                 FOLLOWUP_TASK, args=(payload,), queue=self.queue, task_id=job.id, **self.options
@@ -370,6 +380,41 @@ def _runner_for(app: Any) -> CeleryRunner | None:
     return CeleryRunner(app, queue=queue) if queue else None
 
 
+class FollowupFailed(Exception):
+    """A follow-up ran and did not succeed: the ``crashoverride.followup`` task fails with it.
+
+    So a failed follow-up is a ``FAILURE`` in the result backend and in Flower, never a
+    ``SUCCESS`` whose value says it failed. ``result`` is what a succeeded follow-up's task
+    returns, with ``outcome`` ``"failed"`` and ``summary`` the reason. The arguments are plain
+    values, so the exception survives the result backend's serialization (JSON included).
+    """
+
+    def __init__(self, followup_id: str, reason: str, duration_ms: float = 0.0) -> None:
+        super().__init__(followup_id, reason, duration_ms)
+        self.followup_id, self.reason, self.duration_ms = followup_id, reason, duration_ms
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return {"id": self.followup_id, "outcome": "failed", "summary": self.reason,
+                "duration_ms": self.duration_ms}  # fmt: skip
+
+    def __str__(self) -> str:
+        return f"follow-up {self.followup_id} failed: {self.reason}"
+
+
+def _followup(task: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    # One module-level callable for every app and every ``install``: Celery registers the same
+    # callable under the same name once, so a second ``install`` is no duplicate task.
+    instance = task.app.conf.get(CONF_INSTANCE)
+    if instance is None:
+        raise RuntimeError("no CrashOverride for follow-ups: call install(app, crash_override)")
+    result = followups.run_payload(payload, instance, runner="CeleryRunner")
+    if not result.succeeded:
+        raise FollowupFailed(str(result.id), str(result.summary), result.duration_ms)
+    return {"id": result.id, "outcome": result.outcome, "summary": result.summary,
+            "duration_ms": result.duration_ms}  # fmt: skip
+
+
 def install(
     app: celery.Celery,
     crash_override: CrashOverride | None = None,
@@ -379,22 +424,15 @@ def install(
     """Configure ``app``: the ``CrashOverride`` its tasks use, and durable follow-ups.
 
     Registers the ``crashoverride.followup`` task and makes recoveries in this app's tasks send
-    their follow-ups to ``followup_queue`` (start a worker with ``-Q celery,<queue>``).
+    their follow-ups to ``followup_queue`` (start a worker with ``-Q celery,<queue>``). A
+    follow-up that fails fails its task with ``FollowupFailed``. Calling it again replaces the
+    instance and the queue; the task stays registered once.
     Returns the runner, usable as ``followup_runner=`` elsewhere in the application.
     """
     if crash_override is not None:
         app.conf[CONF_INSTANCE] = crash_override
     app.conf[CONF_QUEUE] = followup_queue
-
-    def followup(payload: dict[str, Any]) -> dict[str, Any]:
-        instance = app.conf.get(CONF_INSTANCE)
-        if instance is None:
-            raise RuntimeError("no CrashOverride for follow-ups: call install(app, crash_override)")
-        result = followups.run_payload(payload, instance, runner="CeleryRunner")
-        return {"id": result.id, "outcome": result.outcome, "summary": result.summary,
-                "duration_ms": result.duration_ms}  # fmt: skip
-
     # ``recover=False``: a failing follow-up must never start a recovery of its own. The queue
     # is chosen per message by ``CeleryRunner`` (the ``queue`` task attribute is deprecated).
-    app.task(name=FOLLOWUP_TASK, shared=False, recover=False)(followup)
+    app.task(name=FOLLOWUP_TASK, shared=False, bind=True, recover=False)(_followup)
     return CeleryRunner(app, queue=followup_queue)

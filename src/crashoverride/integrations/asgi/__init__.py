@@ -10,8 +10,10 @@ What it does:
   ``catch``-matching exception before ``http.response.start`` was sent, and the request is not
   being cancelled, a recovery runs with request tools (``request``, ``replay_request()``,
   ``respond(...)``, ``spawn_background(...)``). Only a trustworthy response (a captured replay
-  or ``respond``) is sent; otherwise the original exception propagates, with a note, and the
-  app's normal 500 follows. Nothing that fails inside crashoverride or on the client's channel
+  or ``respond``) is sent, marked: the request's id header echoed back and
+  ``crashoverride-recovery: <recovery id>`` (``CrashOverride(recovery_header=False)``: no such
+  header); otherwise the original exception propagates, with a note, and the app's normal 500
+  follows. Nothing that fails inside crashoverride or on the client's channel
   meanwhile replaces that exception.
 * Each protected request is a unit of work: a replay of it (``replay_request()``, a
   single-flight waiter's, a background task's ``rerun()``) finds the declared effects
@@ -28,7 +30,8 @@ What it does:
 * ``lifespan``: passed through; the middleware also opens the task group background work
   spawned by recoveries runs in, and drains it (bounded) at shutdown. With ``warm_up`` (the
   default) startup first imports the Agents SDK in a worker thread, so a server's first failure
-  does not stall its event loop with that import (see ``CrashOverride.awarm_up``).
+  does not stall its event loop with that import (see ``CrashOverride.awarm_up``); not when no
+  recovery could run (no credentials), where the import would buy nothing.
 * ``websocket``: when the endpoint raises while handling a received message, a recovery runs
   with message tools (``message``, ``connection``, ``replay_message()``, ``send_text(...)``);
   a recovered connection stays open, in a restarted run of the endpoint (its handshake already
@@ -78,6 +81,8 @@ from crashoverride.integrations.asgi._websocket import Connection, unrecoverable
 __all__ = ["CapturedResponse", "CrashOverrideMiddleware", "NotReplayable", "TaskGroupRunner"]
 
 DEFAULT_MAX_REPLAY_BODY = 4 * 1024 * 1024
+# On every response a recovery produced: its value is the recovery's id (``recovery_header``).
+RECOVERY_HEADER = b"crashoverride-recovery"
 DEFAULT_MAX_MESSAGE = 1024 * 1024
 _STARTED = "the response had already started; a second http.response.start is never sent"
 _GONE = "the client had disconnected; there is nobody to answer"
@@ -100,7 +105,8 @@ class CrashOverrideMiddleware:
             ``timeout``. Keep it under your proxy's timeout so the client gets an answer
             (recovered or the 500) before it gives up.
         max_replay_body: Request bodies up to this many bytes are kept for replay.
-        request_id_header: Header whose value is logged as ``request_id`` with every event.
+        request_id_header: Header whose value is logged as ``request_id`` with every event, and
+            echoed on a recovered response.
         idempotency_header: Header whose value is the client's idempotency key: a request
             carrying one is a unit of work a retry with the same key (same method, path,
             query and credentials) finds again, so the declared effects
@@ -117,7 +123,8 @@ class CrashOverrideMiddleware:
             task group unless a ``followup_runner`` is configured.
         warm_up: At lifespan startup, import the Agents SDK (1-3 s, in a worker thread, before
             the app's own startup runs) rather than at the first failure, where the import
-            would compete with every other request for the interpreter. ``False`` keeps the
+            would compete with every other request for the interpreter. Skipped when no
+            recovery could run (no credentials: see ``integration.awarm_up``). ``False`` keeps the
             import lazy: faster boots, and a first recovery that stalls the server briefly.
         repair_after_start: When a response fails after it started (a stream cut short), run a
             repair-only recovery: nothing can be sent any more, but the agent repairs the code
@@ -363,9 +370,29 @@ class CrashOverrideMiddleware:
             return replacement
         if not recovered or repair_only:
             return None
+        response = job.response
         if isinstance(outcome.value, CapturedResponse):
-            return outcome.value  # a single-flight waiter's replay through the repaired app
-        return job.response
+            response = outcome.value  # a single-flight waiter's replay through the repaired app
+        if response is None:
+            return None
+        recovery_id = str(outcome.report.recovery_id) if outcome.report is not None else None
+        return self._marked(response, exchange, recovery_id)
+
+    def _marked(
+        self, response: CapturedResponse, exchange: Exchange, recovery_id: str | None
+    ) -> CapturedResponse:
+        """The recovered response, saying so: the request's id echoed back (when the request
+        had one and the response does not) and ``crashoverride-recovery: <recovery id>``
+        (unless ``recovery_header=False``), so a client or a proxy log can tell it apart."""
+        headers = [(k, v) for k, v in response.raw_headers if k.lower() != RECOVERY_HEADER]
+        if self._request_id is not None and response.header(self._request_id.decode()) is None:
+            for key, value in exchange.scope.get("headers", ()):
+                if bytes(key).lower() == self._request_id:
+                    headers.append((self._request_id, bytes(value)))
+                    break
+        if self.settings.recovery_header and recovery_id is not None:
+            headers.append((RECOVERY_HEADER, recovery_id.encode("latin-1")))
+        return CapturedResponse(response.status, headers, response.body, response.source)
 
     def _followups_here(self) -> contextlib.AbstractContextManager[Any]:
         """Send this recovery's follow-ups to the lifespan's task group (unless configured)."""
@@ -458,7 +485,8 @@ class CrashOverrideMiddleware:
 
     async def _warm(self) -> None:
         try:
-            await self._co.awarm_up()
+            # Skipped (nothing imported) when no recovery could run: no credentials.
+            await integration.awarm_up(self.handler)
         except Exception as exc:
             # A broken SDK install must not stop the app from starting: the first recovery
             # meets the same error and reports it where it belongs.
