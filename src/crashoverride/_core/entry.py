@@ -5,7 +5,7 @@ run machinery (anyio, the placements, the agent and its tools) is imported: a re
 cannot run must give the user's exception back in milliseconds. Only what that answer needs
 (the record) is imported with this module; not even structlog (it imports asyncio, and more):
 the refusal's event goes to a structlog that is already loaded, else nowhere
-(``_observe.events.emit``).
+(``_observe.events.COLD``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from crashoverride._config.settings import Settings
 from crashoverride._core.block import Block
 from crashoverride._core.recovery import Decision, Recovery, internal_failure
 from crashoverride._core.seen import mark, seen
+from crashoverride._observe import events
 from crashoverride._placement.offloop import load
 from crashoverride._security.notes import redactor_of
 
@@ -49,7 +50,13 @@ def admit(rec: Record[C]) -> C | None:
     ``rec`` is a ``Recovery`` or a follow-up's record; both conclude the same way.
     """
     missing = missing_credentials(rec.settings)
-    return None if missing is None else rec.concluded(AgentRun(failure=missing), None)
+    if missing is None:
+        return None
+    cold = events.COLD.set(True)  # its event is not worth importing structlog for
+    try:
+        return rec.concluded(AgentRun(failure=missing), None)
+    finally:
+        events.COLD.reset(cold)
 
 
 def _start(

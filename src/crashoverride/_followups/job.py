@@ -75,6 +75,9 @@ class FollowupJob:
         raw["source_changes"] = tuple(
             SourceChange(**change) for change in raw.get("source_changes", ())
         )
+        raw["occurrence"] = tuple(
+            (scanned(str(name)), scanned(str(value))) for name, value in raw.get("occurrence", ())
+        )
         return cls(
             # Redacted by its sender; what arrives is scanned again, as any text with no
             # recovery at hand.

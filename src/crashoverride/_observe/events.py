@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any, Final
 
 from crashoverride._security.redact import Redacted, fixed
@@ -114,19 +115,22 @@ BACKGROUND_FAILED: Final = fixed("background.failed")
 BACKGROUND_CANCELLED: Final = fixed("background.cancelled")
 
 
-def emit(level: str, event: Redacted, **fields: Field) -> None:
-    """Emit ``event`` to structlog, if structlog is loaded.
+# Set while a failure is refused before any run (no credentials, ``_core.entry.admit``): its
+# event goes to a structlog already loaded, else nowhere. A process that never imported
+# structlog cannot have configured it, nor be capturing its events; importing it for that (it
+# imports asyncio, and twisted or rich when they are installed) would be most of that
+# refusal's cost. Every other event imports structlog if it must, as it always has.
+COLD: ContextVar[bool] = ContextVar("crashoverride_cold_event", default=False)
 
-    A process that never imported structlog cannot have configured it, nor be capturing its
-    events: the event would only be printed by structlog's defaults. Importing it for that (it
-    imports asyncio, and twisted or rich when they are installed) would cost a failure that
-    never reaches the run machinery, one without credentials, most of its time. A recovery that
-    runs loads structlog with ``_core.pipeline``, so its events are emitted as always.
-    """
-    structlog = sys.modules.get("structlog")
-    if structlog is None or not hasattr(structlog, "get_logger"):  # absent, or still importing
-        return
+
+def emit(level: str, event: Redacted, **fields: Field) -> None:
+    """Emit ``event`` to structlog (loaded if need be; see ``COLD`` for the one exception)."""
     try:
+        structlog = sys.modules.get("structlog")
+        if structlog is None or not hasattr(structlog, "get_logger"):  # absent, or importing
+            if COLD.get():
+                return
+            import structlog
         from crashoverride._security.redact import scanned_data
 
         # The last line of defence behind the types: a field that reached here untyped (an
