@@ -125,12 +125,12 @@ COLD: ContextVar[bool] = ContextVar("crashoverride_cold_event", default=False)
 
 def emit(level: str, event: Redacted, **fields: Field) -> None:
     """Emit ``event`` to structlog (loaded if need be; see ``COLD`` for the one exception)."""
+    # Absent, or still importing (a half-made module has no ``get_logger`` yet).
+    if COLD.get() and not hasattr(sys.modules.get("structlog"), "get_logger"):
+        return
     try:
-        structlog = sys.modules.get("structlog")
-        if structlog is None or not hasattr(structlog, "get_logger"):  # absent, or importing
-            if COLD.get():
-                return
-            import structlog
+        import structlog
+
         from crashoverride._security.redact import scanned_data
 
         # The last line of defence behind the types: a field that reached here untyped (an
