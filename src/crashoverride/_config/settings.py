@@ -2,30 +2,21 @@
 
 Each setting is spelled once, as a row of the table in the body of :class:`Settings`; both
 construction paths are driven by it, and ``CrashOverride``'s typed signatures are tested against it.
-Everything is validated eagerly so bad input fails at construction, never at failure time.
-This module is on the import path of ``crashoverride``: it must stay free of heavy imports.
+Everything is validated eagerly, by the check each row names (``checks``), so bad input fails
+at construction, never at failure time. This module is on the import path of ``crashoverride``:
+it must stay free of heavy imports.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar, overload
+from typing import Any, Final, Generic, Literal, TypeVar, overload
 
+from crashoverride._config import checks as check
 from crashoverride._errors import ConfigurationError
 
-if TYPE_CHECKING:
-    from crashoverride._config.coordination import RedisCoordination
-    from crashoverride._security.redact import Redaction
-
 _T = TypeVar("_T")
-
-# Exceptions that are control flow, not failures: a recovery must never swallow them.
-_NEVER_CATCH_NAMES: Final = frozenset(
-    {"KeyboardInterrupt", "SystemExit", "GeneratorExit", "CancelledError", "Cancelled"}
-)
 
 
 class _Unset:
@@ -36,188 +27,6 @@ class _Unset:
 
 
 UNSET: Final[Any] = _Unset()
-
-# -- checks: ``check(name, value) -> normalised value``, raising ConfigurationError(name, ...) ----
-
-
-def _text(name: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise ConfigurationError(name, f"expected a str, got {type(value).__name__}")
-    return value
-
-
-def _optional_text(name: str, value: object) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise ConfigurationError(name, f"expected a str or None, got {type(value).__name__}")
-    return value
-
-
-def _seconds(name: str, value: object, *, zero_ok: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigurationError(name, f"expected a number, got {type(value).__name__}")
-    try:
-        seconds = float(value)
-    except OverflowError:  # an int beyond float range: as unusable as infinity
-        seconds = math.inf
-    # Infinity or NaN would silently disable a budget (``fail_after(nan)`` never fires).
-    if not math.isfinite(seconds):
-        raise ConfigurationError(name, f"must be a finite number of seconds, got {value!r:.40}")
-    if seconds < 0 or (seconds == 0 and not zero_ok):
-        bound = "at least 0" if zero_ok else "greater than 0"
-        raise ConfigurationError(name, f"must be {bound}, got {value!r}")
-    return seconds
-
-
-_positive: Final = _seconds
-_non_negative: Final = functools.partial(_seconds, zero_ok=True)
-
-
-def _count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigurationError(name, f"expected an int, got {type(value).__name__}")
-    if value < 1:
-        raise ConfigurationError(name, f"must be at least 1, got {value!r}")
-    return value
-
-
-def _flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigurationError(name, f"expected a bool, got {type(value).__name__}")
-    return value
-
-
-def _hook(name: str, value: object) -> Callable[..., Any] | None:
-    if value is not None and not callable(value):
-        raise ConfigurationError(name, f"expected a callable or None, got {type(value).__name__}")
-    return value
-
-
-def _choice(*choices: str) -> Callable[[str, object], str]:
-    def check(name: str, value: object) -> str:
-        if not isinstance(value, str) or value not in choices:
-            expected = ", ".join(map(repr, choices))
-            raise ConfigurationError(name, f"expected one of {expected}, got {value!r}")
-        return value
-
-    return check
-
-
-def _http_url(name: str, value: object) -> str | None:
-    text = _optional_text(name, value)
-    if text is None:
-        return None
-    # Imported here: ``base_url`` is rarely set and ``import crashoverride`` must stay light.
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(text)
-        # ``port`` raises ValueError for a port out of range or not a number.
-        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
-    except ValueError:
-        valid = False
-    if not valid or any(char.isspace() for char in text):
-        # A rejected URL may still carry a password: never echo one with credentials.
-        shown = "a URL with credentials" if "@" in text else repr(text[:80])
-        raise ConfigurationError(name, f"expected an http(s) URL with a host, got {shown}")
-    return text
-
-
-def _catch(name: str, value: object) -> tuple[type[Exception], ...]:
-    # A non-empty tuple of ``Exception`` subclasses: one class or a list is normalised to it.
-    items = value if isinstance(value, tuple | list) else (value,)
-    if not items:
-        raise ConfigurationError(name, "must name at least one exception class")
-    result: list[type[Exception]] = []
-    for item in items:
-        if not isinstance(item, type) or not issubclass(item, BaseException):
-            raise ConfigurationError(
-                name, f"expected exception classes, got {item!r} ({type(item).__name__})"
-            )
-        if item.__name__ in _NEVER_CATCH_NAMES or not issubclass(item, Exception):
-            raise ConfigurationError(
-                name,
-                f"{item.__name__} is control flow (interrupts, exits, cancellation) and is never "
-                "caught; use Exception or a subclass of it",
-            )
-        result.append(item)
-    return tuple(result)
-
-
-def _model(name: str, value: object) -> object:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        if not value.strip():
-            raise ConfigurationError(name, "must be a non-empty model name")
-        return value
-    # An Agents SDK ``Model`` instance; checked by shape so this module never imports the SDK.
-    if all(callable(getattr(value, m, None)) for m in ("get_response", "stream_response")):
-        return value
-    raise ConfigurationError(
-        name,
-        f"expected a model name (str), an Agents SDK Model or None, got {type(value).__name__}",
-    )
-
-
-def _tools(name: str, value: object, *, servers: bool = False) -> tuple[Any, ...]:
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise ConfigurationError(name, f"expected a tuple or list, got {type(value).__name__}")
-    for item in value:
-        # Plain callables become function tools; SDK tool objects carry a ``name``.
-        if not (
-            callable(getattr(item, "list_tools", None))
-            if servers
-            else callable(item) or isinstance(getattr(item, "name", None), str)
-        ):
-            what = "Agents SDK MCP servers" if servers else "callables or Agents SDK tools"
-            raise ConfigurationError(name, f"expected {what}, got {type(item).__name__}")
-    return tuple(value)
-
-
-_servers: Final = functools.partial(_tools, servers=True)
-
-
-def _followups(name: str, value: object) -> tuple[str, ...]:
-    # One objective (a str) or a sequence of non-empty ones.
-    items = (value,) if isinstance(value, str) else value
-    if not isinstance(items, Sequence) or not all(
-        isinstance(item, str) and item.strip() for item in items
-    ):
-        raise ConfigurationError(name, "expected a str or a sequence of non-empty str objectives")
-    return tuple(item.strip() for item in items)
-
-
-def _runner(name: str, value: object) -> object:
-    # A followups.FollowupRunner or JobRunner, checked by shape to keep this module light.
-    if value is not None and not any(
-        callable(getattr(value, method, None)) for method in ("submit", "submit_job")
-    ):
-        raise ConfigurationError(name, f"expected a follow-up runner, got {type(value).__name__}")
-    return value
-
-
-def _redaction(name: str, value: object) -> Redaction | None:
-    if value is None:
-        return None
-    from crashoverride._security.redact import Redaction
-
-    if not isinstance(value, Redaction):
-        raise ConfigurationError(name, f"expected a Redaction or None, got {type(value).__name__}")
-    return value
-
-
-def _coordination(name: str, value: object) -> RedisCoordination | None:
-    # None (this process alone) or a ``RedisCoordination``, validated when it was built.
-    if value is None:
-        return None
-    from crashoverride._config.coordination import RedisCoordination
-
-    if not isinstance(value, RedisCoordination):
-        raise ConfigurationError(
-            name, f"expected None or a RedisCoordination, got {type(value).__name__}"
-        )
-    return value
-
 
 # -- merge rules: how a handler's value combines with the application's ----------------------
 
@@ -324,75 +133,95 @@ class Settings:
     # fmt: off
     # name = Field(default, check, scope, doc, annotation=...[, merge=..., aliases=...]);
     # merge: ``override``. APP: process-wide (admission, hooks); HANDLER: what one block means;
-    # BOTH: overridable per handler. ``annotation``: the type the signatures spell.
-    project_prompt = Field("", _text, APP, "Facts about the application every recovery knows.",
+    # BOTH: overridable per handler. ``annotation``: the type the signatures spell. The checks
+    # are ``_config/checks.py``'s.
+    project_prompt = Field("", check.text, APP,
+                           "Facts about the application every recovery knows.",
                            annotation="str")
-    prompt = Field("", _text, HANDLER, "What the protected block must achieve.", annotation="str")
-    model = Field(None, _model, BOTH, "A model name, an Agents SDK ``Model`` instance, or None.",
+    prompt = Field("", check.text, HANDLER, "What the protected block must achieve.",
+                   annotation="str")
+    model = Field(None, check.model, BOTH,
+                  "A model name, an Agents SDK ``Model`` instance, or None.",
                   annotation="Any")
-    catch = Field(Exception, _catch, BOTH, "Exception class(es) that trigger a recovery.",
+    catch = Field(Exception, check.catch, BOTH, "Exception class(es) that trigger a recovery.",
                   annotation="type[Exception] | tuple[type[Exception], ...]")
-    tools = Field((), _tools, BOTH, "Tools offered to every recovery.", merge=union,
+    tools = Field((), check.tools, BOTH, "Tools offered to every recovery.", merge=union,
                   annotation="Sequence[Any]")
-    mcp_servers = Field((), _servers, BOTH, "MCP servers offered to every recovery.", merge=union,
-                        annotation="Sequence[Any]")
-    system_prompt = Field(None, _optional_text, BOTH, "Replaces the built-in agent instructions.",
+    mcp_servers = Field((), check.servers, BOTH, "MCP servers offered to every recovery.",
+                        merge=union, annotation="Sequence[Any]")
+    system_prompt = Field(None, check.optional_text, BOTH,
+                          "Replaces the built-in agent instructions.",
                           annotation="str | None")
-    openai_client_factory = Field(None, _hook, BOTH, "Builds the ``AsyncOpenAI`` client.",
+    openai_client_factory = Field(None, check.hook, BOTH, "Builds the ``AsyncOpenAI`` client.",
                                   annotation="Callable[[], Any] | None")
-    agent_factory = Field(None, _hook, BOTH, "Builds the SDK ``Agent`` from keyword arguments.",
+    agent_factory = Field(None, check.hook, BOTH,
+                          "Builds the SDK ``Agent`` from keyword arguments.",
                           annotation="Callable[..., Any] | None")
-    api_key = Field(None, _optional_text, BOTH, "API key; default: ``OPENAI_API_KEY``.",
+    api_key = Field(None, check.optional_text, BOTH, "API key; default: ``OPENAI_API_KEY``.",
                     annotation="str | None")
-    base_url = Field(None, _http_url, BOTH, "An OpenAI-compatible http(s) endpoint.",
+    base_url = Field(None, check.http_url, BOTH, "An OpenAI-compatible http(s) endpoint.",
                      annotation="str | None")
-    timeout = Field(120.0, _positive, BOTH, "Wall-clock budget of one recovery, in seconds.",
+    timeout = Field(120.0, check.positive, BOTH,
+                    "Wall-clock budget of one recovery, in seconds.",
                     annotation="float")
-    max_turns = Field(20, _count, BOTH, "Model turns one recovery may take.", annotation="int")
-    max_concurrent_recoveries = Field(4, _count, APP, "Recoveries running at once in this process.",
+    max_turns = Field(20, check.count, BOTH, "Model turns one recovery may take.",
+                      annotation="int")
+    max_concurrent_recoveries = Field(4, check.count, APP,
+                                      "Recoveries running at once in this process.",
                                       annotation="int")
-    concurrency_wait = Field(30.0, _non_negative, APP, "Seconds a recovery waits for a free slot.",
+    concurrency_wait = Field(30.0, check.non_negative, APP,
+                             "Seconds a recovery waits for a free slot.",
                              annotation="float")
-    single_flight = Field(True, _flag, APP, "Concurrent identical failures share one recovery.",
+    single_flight = Field(True, check.flag, APP,
+                          "Concurrent identical failures share one recovery.",
                           annotation="bool")
-    breaker_threshold = Field(3, _count, APP,
+    breaker_threshold = Field(3, check.count, APP,
                               "Failed recoveries of one fingerprint that open its breaker...",
                               annotation="int")
-    breaker_window = Field(300.0, _positive, APP, "...within this many seconds...",
+    breaker_window = Field(300.0, check.positive, APP, "...within this many seconds...",
                            annotation="float")
-    breaker_cooldown = Field(600.0, _non_negative, APP, "...for this many seconds.",
+    breaker_cooldown = Field(600.0, check.non_negative, APP, "...for this many seconds.",
                              annotation="float")
-    patch_watch = Field(300.0, _non_negative, APP,
+    patch_watch = Field(300.0, check.non_negative, APP,
                         "Seconds a live patch is watched, and reverted if it makes things worse.",
                         annotation="float")
-    tracing = Field(False, _flag, BOTH, "Export SDK traces (tracebacks and locals are sensitive).",
+    tracing = Field(False, check.flag, BOTH,
+                    "Export SDK traces (tracebacks and locals are sensitive).",
                     annotation="bool")
-    on_recovery = Field(None, _hook, APP, "Called with every ``RecoveryReport``.",
+    on_recovery = Field(None, check.hook, APP, "Called with every ``RecoveryReport``.",
                         annotation="Callable[[RecoveryReport], Any] | None")
-    postcondition = Field(None, _hook, HANDLER, "Judges the block's locals after the agent.",
+    postcondition = Field(None, check.hook, HANDLER,
+                          "Judges the block's locals after the agent.",
                           annotation="Callable[..., Any] | None")
-    name = Field(None, _optional_text, HANDLER, "The handler's name in events and reports.",
+    name = Field(None, check.optional_text, HANDLER,
+                 "The handler's name in events and reports.",
                  annotation="str | None")
-    followups = Field((), _followups, BOTH, "Objectives run in the background after a recovery.",
+    followups = Field((), check.followups, BOTH,
+                      "Objectives run in the background after a recovery.",
                       merge=union_distinct, annotation="str | Sequence[str]",
                       aliases=MappingProxyType({"followup": "str"}))
-    followup_runner = Field(None, _runner, BOTH, "Where follow-ups run.", annotation="Any")
-    followup_timeout = Field(600.0, _positive, BOTH, "Budget of one follow-up run, in seconds.",
+    followup_runner = Field(None, check.runner, BOTH, "Where follow-ups run.", annotation="Any")
+    followup_timeout = Field(600.0, check.positive, BOTH,
+                             "Budget of one follow-up run, in seconds.",
                              annotation="float")
-    mode = Field("repair", _choice(*MODES), BOTH, '``"repair"`` or ``"diagnose"`` (read-only).',
+    mode = Field("repair", check.choice(*MODES), BOTH,
+                 '``"repair"`` or ``"diagnose"`` (read-only).',
                  annotation="str")
-    approve = Field(None, _hook, BOTH, "Called with every tool call before it runs.",
+    approve = Field(None, check.hook, BOTH, "Called with every tool call before it runs.",
                     annotation="Approver | None")
-    allow_source_changes = Field(False, _flag, BOTH, "Let recoveries persist fixes to sources.",
+    allow_source_changes = Field(False, check.flag, BOTH,
+                                 "Let recoveries persist fixes to sources.",
                                  annotation="bool")
-    source_changes = Field("write", _choice(*SOURCE_STYLES), BOTH, '``"write"`` or ``"patch"``.',
+    source_changes = Field("write", check.choice(*SOURCE_STYLES), BOTH,
+                           '``"write"`` or ``"patch"``.',
                            annotation="str")
-    redaction = Field(None, _redaction, APP, "Extra redaction rules on top of the defaults.",
+    redaction = Field(None, check.redaction, APP,
+                      "Extra redaction rules on top of the defaults.",
                       annotation="Redaction | None")
-    coordination = Field(None, _coordination, APP,
+    coordination = Field(None, check.coordination, APP,
                          "Who recoveries coordinate with: this process (None) or a fleet.",
                          annotation="RedisCoordination | None")
-    recovery_header = Field(True, _flag, APP,
+    recovery_header = Field(True, check.flag, APP,
                             "Recovered HTTP responses carry a ``crashoverride-recovery`` header.",
                             annotation="bool")
     # fmt: on
