@@ -26,7 +26,7 @@ BRIEF_SITES = {
     "crashoverride.integrations.asgi._ws_block",
     "crashoverride.integrations.asyncio",
     "crashoverride.integrations.celery",
-    "crashoverride.integrations.scrapy",
+    "crashoverride.integrations.scrapy._callback",
 }
 BLOCK_SITES = {
     "crashoverride._core.block",

@@ -4,7 +4,9 @@ Modules: ``asgi`` (``CrashOverrideMiddleware`` for Starlette/FastAPI; a subpacka
 for failures after the response started, ``_block`` for what a failed request looks like to
 the recovery, ``_exchange`` for one HTTP exchange, ``_options`` for option checks),
 ``asyncio`` (recovered tasks and task groups), ``celery`` (recovered tasks, follow-ups as a
-Celery task), ``scrapy`` (a spider middleware that recovers failing callbacks), ``arq``
+Celery task), ``scrapy`` (a spider middleware that recovers failing callbacks; a subpackage:
+``_middleware`` for the middleware, ``_callback`` for what a failed callback looks like to the
+recovery, ``_outputs`` for what a callback yielded), ``arq``
 (recovered jobs, follow-ups as an arq job).
 
 May import: ``crashoverride``, ``crashoverride.integration``, ``crashoverride.followups``
