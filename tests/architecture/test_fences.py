@@ -31,8 +31,7 @@ BRIEF_SITES = {
 BLOCK_SITES = {
     "crashoverride._core.block",
     "crashoverride._core.followup",
-    "crashoverride.integrations.asgi._block",
-    "crashoverride.integrations.asgi._ws_block",
+    "crashoverride.integrations.asgi._failed",  # a failed request's, or websocket message's
     "crashoverride.integrations.asyncio",
 }
 

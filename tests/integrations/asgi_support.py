@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -21,6 +22,17 @@ def first_input(model: ScriptedModel) -> str:
     if isinstance(items, str):
         return items
     return "\n".join(str(item.get("content", "")) for item in items if isinstance(item, dict))
+
+
+def decorated(endpoint: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """An endpoint decorator defined in another module than the endpoint (as an application's
+    auth or logging decorator is): the wrapper's ``__globals__`` are this module's."""
+
+    @functools.wraps(endpoint)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return await endpoint(*args, **kwargs)
+
+    return wrapper
 
 
 class Served:

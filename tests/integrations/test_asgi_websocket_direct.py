@@ -20,8 +20,12 @@ from starlette.websockets import WebSocket
 
 from crashoverride import CrashOverride
 from crashoverride.integrations.asgi import CrashOverrideMiddleware
+from crashoverride.integrations.asgi._block import RequestRecovery
+from crashoverride.integrations.asgi._exchange import Exchange
+from crashoverride.integrations.asgi._websocket import Connection
+from crashoverride.integrations.asgi._ws_block import MessageRecovery
 from crashoverride.testing import done, exec_python, give_up, script
-from tests.integrations.asgi_support import first_input
+from tests.integrations.asgi_support import decorated, first_input
 
 pytestmark = pytest.mark.anyio
 
@@ -338,3 +342,32 @@ async def test_an_error_of_the_servers_channel_is_not_the_apps_to_recover(
     assert isinstance(raised.__context__, OSError)
     assert model.calls == ()
     assert not getattr(raised, "__notes__", [])
+
+
+async def test_without_an_application_frame_the_agent_works_in_the_endpoints_own_module(
+    anyio_backend: str,
+) -> None:
+    # An exception that carries no traceback has no application frame: the agent's code runs in
+    # the globals of the endpoint routing chose, through its decorator (``functools.wraps``) to
+    # the function the application wrote, for a failed message as for a failed request (they
+    # shared no code, and the message's took the decorator's module).
+    co = CrashOverride(model=script())
+    handler = co.handler()
+    shop = Shop(co)
+    with Client() as client:
+        scope = {**client.scope(), "endpoint": decorated(shop.orders)}
+        conn = Connection(scope, client.receive, client.send, 1024, handler)
+        message = MessageRecovery(
+            app=shop.app(co), exc=ConnectionError("raised nowhere"), conn=conn, handler=handler,
+            unit=None, start=lambda instance: None,
+        )  # fmt: skip
+        http = {**scope, "type": "http", "method": "GET", "scheme": "http"}
+        request = RequestRecovery(
+            app=shop.app(co), exc=ConnectionError("raised nowhere"), runner=None,
+            exchange=Exchange(http, client.receive, client.send, 1024), request_id_header=None,
+        )  # fmt: skip
+        for block in (message.block, request.block):
+            assert block.frame is None
+            assert block.globals is globals()
+            assert block.bindings["endpoint"] is scope["endpoint"]
+            block.release()

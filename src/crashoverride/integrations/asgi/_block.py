@@ -6,14 +6,10 @@ Imported only after a request failed, so nothing here is on the happy path.
 from __future__ import annotations
 
 import json
-import os
-import sysconfig
 from collections.abc import Callable, Iterable, Mapping
-from types import FrameType, MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from crashoverride.integration import (
-    MASK,
     Block,
     Brief,
     clip,
@@ -23,6 +19,7 @@ from crashoverride.integration import (
     mask_query,
 )
 from crashoverride.integrations.asgi._exchange import ASGIApp, CapturedResponse, Exchange, replay
+from crashoverride.integrations.asgi._failed import ScopeInfo, failed_block
 
 if TYPE_CHECKING:
     from crashoverride.followups import TaskGroupRunner
@@ -90,37 +87,22 @@ NO_RESPONSE = (
 )
 
 
-class RequestInfo:
+class RequestInfo(ScopeInfo):
     """The failed request as the agent sees it.
 
     Secret-looking headers, query parameters and form or JSON fields are masked; the replay
     (``replay_request``) still sends the request as it came.
     """
 
-    __slots__ = (
-        "_exchange", "_is_secret", "client", "headers", "method", "path", "query", "scheme",
-        "secret_values",
-    )  # fmt: skip
+    __slots__ = ("_exchange", "_is_secret", "method", "scheme")
 
     def __init__(self, exchange: Exchange, is_secret: Callable[[str], bool] = is_secret_name):
         scope = exchange.scope
+        super().__init__(scope, is_secret)
         self._exchange = exchange
         self._is_secret = is_secret
         self.method: str = scope.get("method", "GET")
-        self.path: str = scope.get("path", "")
-        query = bytes(scope.get("query_string", b"")).decode("latin-1")
-        self.query, hidden = mask_query(query, is_secret)
         self.scheme: str = scope.get("scheme", "http")
-        client = scope.get("client")
-        self.client = f"{client[0]}:{client[1]}" if client else None
-        raw = [
-            (bytes(k).decode("latin-1"), bytes(v).decode("latin-1"))
-            for k, v in scope.get("headers", ())
-        ]
-        # Masked here, and handed to the recovery's redactor so the values are masked wherever
-        # else they show up (an echoing replay, an exception message, a log line).
-        self.secret_values = (*(value for name, value in raw if is_secret(name)), *hidden)
-        self.headers = [(name, MASK if is_secret(name) else value) for name, value in raw]
 
     @property
     def body(self) -> bytes | None:
@@ -143,13 +125,6 @@ class RequestInfo:
     @property
     def replayable(self) -> bool | None:
         return self._exchange.replayable
-
-    def header(self, name: str) -> str | None:
-        wanted = name.lower()
-        for key, value in self.headers:
-            if key.lower() == wanted:
-                return value
-        return None
 
     def json(self) -> Any:
         body = self.body
@@ -235,35 +210,22 @@ class RequestRecovery:
     # -- the block -------------------------------------------------------------------------
 
     def _block(self, exc: BaseException) -> Block:
-        frame = app_frame(exc)
-        endpoint = self.exchange.live_scope.get("endpoint")
-        globals_: dict[str, Any] = {}
-        if frame is not None:
-            globals_ = frame.f_globals
-        elif endpoint is not None:
-            globals_ = getattr(_unwrap(endpoint), "__globals__", None) or {}
         runner = self.runner
         spawn: Callable[..., str] = runner.spawn if runner is not None else self.spawn_unavailable
-        return Block(
-            kind="request",
-            frame=frame,
-            globals_=globals_,
-            # The endpoint has ended: its locals are for reading, the answer is a response.
-            caller=MappingProxyType(dict(frame.f_locals)) if frame is not None else None,
+        return failed_block(
+            "request",
+            exc,
+            self.exchange.live_scope,
+            self,
             bindings={
                 "request": self.info,
                 "replay_request": self.replay_request,
                 "respond": self.respond,
                 "spawn_background": spawn,
                 "background": runner,
-                "endpoint": endpoint,
             },
-            brief=self.brief(),
-            check=self.check,
-            replay=self.replay_for_waiter,
             fields=self.fields,
             secrets=self.info.secret_values,
-            why_cancelled=self.why_cancelled,
         )
 
     def why_cancelled(self) -> str | None:
@@ -368,44 +330,3 @@ def build_response(
         raw.append((b"content-type", (media_type or default_type).encode("latin-1")))
     raw.append((b"content-length", str(len(payload)).encode("latin-1")))
     return CapturedResponse(status, raw, payload, "respond()")
-
-
-def _library_dirs() -> tuple[str, ...]:
-    # String operations only (no realpath, no abspath): this runs on the event loop, and a
-    # filesystem call there blocks every other request.
-    paths = sysconfig.get_paths()
-    dirs = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
-    import crashoverride
-
-    dirs.add(os.path.dirname(__file__))
-    dirs.add(os.path.dirname(crashoverride.__file__ or ""))
-    return tuple(os.path.join(os.path.normpath(d), "") for d in dirs if os.path.isabs(d))
-
-
-_LIBRARY_DIRS: tuple[str, ...] | None = None
-
-
-def app_frame(exc: BaseException) -> FrameType | None:
-    """The innermost traceback frame in application code (not the stdlib, a package, or us)."""
-    global _LIBRARY_DIRS
-    if _LIBRARY_DIRS is None:
-        _LIBRARY_DIRS = _library_dirs()
-    chosen: FrameType | None = None
-    innermost: FrameType | None = None
-    tb = exc.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        innermost = frame
-        filename = frame.f_code.co_filename
-        if not filename.startswith("<") and not os.path.normpath(filename).startswith(
-            _LIBRARY_DIRS
-        ):
-            chosen = frame
-        tb = tb.tb_next
-    return chosen if chosen is not None else innermost
-
-
-def _unwrap(func: Any) -> Any:
-    while hasattr(func, "__wrapped__"):
-        func = func.__wrapped__
-    return func

@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from types import MappingProxyType
 from typing import Any
 
 from crashoverride import Handler
 from crashoverride.integration import (
-    MASK,
     Block,
     Brief,
     clip,
     is_secret_name,
     mask_fields,
-    mask_query,
 )
-from crashoverride.integrations.asgi._block import app_frame
 from crashoverride.integrations.asgi._exchange import ASGIApp, Message, NotReplayable
+from crashoverride.integrations.asgi._failed import ScopeInfo, failed_block
 from crashoverride.integrations.asgi._websocket import Connection
 from crashoverride.integrations.asgi._ws_restart import Instance
 
@@ -108,29 +105,16 @@ class MessageInfo:
         return f"<websocket {self.kind} message: {clip(shown or '', 300)!r}>"
 
 
-class ConnectionInfo:
+class ConnectionInfo(ScopeInfo):
     """The connection as the agent sees it; secret-looking headers and query parameters
     masked."""
 
-    __slots__ = (
-        "_conn", "client", "headers", "path", "query", "secret_values", "subprotocols",
-    )  # fmt: skip
+    __slots__ = ("_conn", "subprotocols")
 
     def __init__(self, conn: Connection, is_secret: Callable[[str], bool]) -> None:
-        scope = conn.scope
+        super().__init__(conn.scope, is_secret)
         self._conn = conn
-        self.path: str = scope.get("path", "")
-        query = bytes(scope.get("query_string", b"")).decode("latin-1")
-        self.query, hidden = mask_query(query, is_secret)
-        client = scope.get("client")
-        self.client = f"{client[0]}:{client[1]}" if client else None
-        self.subprotocols = list(scope.get("subprotocols") or ())
-        raw = [
-            (bytes(k).decode("latin-1"), bytes(v).decode("latin-1"))
-            for k, v in scope.get("headers", ())
-        ]
-        self.secret_values = (*(value for name, value in raw if is_secret(name)), *hidden)
-        self.headers = [(name, MASK if is_secret(name) else value) for name, value in raw]
+        self.subprotocols = list(conn.scope.get("subprotocols") or ())
 
     @property
     def received(self) -> int:
@@ -141,10 +125,6 @@ class ConnectionInfo:
     def sent(self) -> int:
         """Messages the application sent on this connection."""
         return self._conn.sent
-
-    def header(self, name: str) -> str | None:
-        wanted = name.lower()
-        return next((v for k, v in self.headers if k.lower() == wanted), None)
 
     def __repr__(self) -> str:
         target = self.path + ("?" + self.query if self.query else "")
@@ -281,19 +261,11 @@ class MessageRecovery:
     # -- the block -------------------------------------------------------------------------
 
     def _block(self, exc: BaseException) -> Block:
-        frame = app_frame(exc)
-        endpoint = self.conn.live_scope.get("endpoint")
-        globals_: dict[str, Any] = {}
-        if frame is not None:
-            globals_ = frame.f_globals
-        elif endpoint is not None:
-            globals_ = getattr(endpoint, "__globals__", None) or {}
-        return Block(
-            kind="message",
-            frame=frame,
-            globals_=globals_,
-            # The endpoint has ended: its locals are for reading.
-            caller=MappingProxyType(dict(frame.f_locals)) if frame is not None else None,
+        return failed_block(
+            "message",
+            exc,
+            self.conn.live_scope,
+            self,
             bindings={
                 "message": self.message,
                 "connection": self.info,
@@ -301,14 +273,9 @@ class MessageRecovery:
                 "send_text": self.send_text,
                 "send_bytes": self.send_bytes,
                 "send_json": self.send_json,
-                "endpoint": endpoint,
             },
-            brief=self.brief(),
-            check=self.check,
-            replay=self.replay_for_waiter,
             fields=self.conn.fields(),
             secrets=self.info.secret_values,
-            why_cancelled=self.why_cancelled,
             unit=self.unit,
         )
 
