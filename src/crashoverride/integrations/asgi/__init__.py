@@ -51,6 +51,14 @@ from __future__ import annotations
 
 from crashoverride.followups import TaskGroupRunner
 from crashoverride.integrations.asgi._exchange import CapturedResponse, NotReplayable
-from crashoverride.integrations.asgi._middleware import CrashOverrideMiddleware
+
+# Also importable from here, as before the subpackage was split, though not in ``__all__``: the
+# options' defaults and the header a recovered response carries.
+from crashoverride.integrations.asgi._http import RECOVERY_HEADER  # noqa: F401
+from crashoverride.integrations.asgi._middleware import (
+    DEFAULT_MAX_MESSAGE,  # noqa: F401
+    DEFAULT_MAX_REPLAY_BODY,  # noqa: F401
+    CrashOverrideMiddleware,
+)
 
 __all__ = ["CapturedResponse", "CrashOverrideMiddleware", "NotReplayable", "TaskGroupRunner"]

@@ -40,6 +40,7 @@ reactor (its default); on another reactor a failure is skipped with a note and f
 from __future__ import annotations
 
 try:
+    from crashoverride.integrations.scrapy._callback import DEFAULT_EXCERPT  # noqa: F401
     from crashoverride.integrations.scrapy._middleware import (
         STATS_DEDUPLICATED,
         STATS_FAILED,
