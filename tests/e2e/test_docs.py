@@ -16,7 +16,9 @@ that runs needs no such excuse).
 
 A block whose only line is a snippet include, ``--8<-- "examples/<file>.py"``, shows an example
 file: it is not run here; the example must be run by a test (tests/e2e/test_examples.py, or the
-test of the feature it shows), which is checked below.
+test of the feature it shows), which is checked below. An include of a module of the package
+(``--8<-- "src/crashoverride/<module>.py"``, the demo's Celery shop) is not run here either: it
+is the package's own code, which its tests run.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ DOCS = ROOT / "docs"
 PAGES = [README, *sorted(p for p in DOCS.rglob("*.md") if "_hooks" not in p.parts)]
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 MARKER = re.compile(r"<!-- docs-test: (.+?) -->")
-SNIPPET = re.compile(r'--8<-- "(examples/[\w./-]+\.py)"')
+SNIPPET = re.compile(r'--8<-- "((?:examples|src/crashoverride)/[\w./-]+\.py)"')
 
 
 def _generator() -> ModuleType:
@@ -555,6 +557,8 @@ def test_every_included_example_is_run_by_a_test() -> None:
     run = {name for test in (ROOT / "tests").rglob("test_*.py") for name in _runs_examples(test)}
     for example in sorted(included):
         assert (ROOT / example).is_file(), f"{example} is included but does not exist"
+        if example.startswith("src/"):
+            continue  # a module of the package, not an example: the package's tests run it
         assert Path(example).name in run, (
             f"{example} is shown in the docs but no test runs it: add it to "
             "tests/e2e/test_examples.py"

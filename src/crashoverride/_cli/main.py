@@ -12,9 +12,10 @@ from typing import Any
 SCRIPTED_BANNER = """\
 crashoverride demo (offline)
 The model is SCRIPTED: agents.testing.ScriptedModel plays agent steps written in advance in
-crashoverride/_cli/demo.py (redelivery.py for that scene). No AI is involved. Everything else
-is real: the Agents SDK run loop, the tools executing in the live process, uvicorn on 127.0.0.1,
-the follow-up job, and in the redelivery scene Celery worker processes and Redis.
+crashoverride/_cli/demo.py (redelivery_worker.py for that scene). No AI is involved.
+Everything else is real: the Agents SDK run loop, the tools executing in the live process,
+uvicorn on 127.0.0.1, the follow-up job, and in the redelivery scene Celery worker processes
+and Redis.
 """
 
 LIVE_BANNER = """\

@@ -9,11 +9,10 @@ and gets the receipt back without charging; the receipt template turns out to be
 The same shop without the declaration charges the card three times.
 
 Real worker processes, a real Redis (broker, result backend, journal, and the "card processor",
-a Redis list); only the model is scripted. ``examples/celery_redelivery.py`` is the same shop as
-a script of its own, with a third variant (killed inside the charge, settled by a probe).
-
-The workers import ``crashoverride._cli.redelivery_worker``, which builds the shop from the
-environment the scene gives them (``SCENE_*``).
+a Redis list); only the model is scripted. The workers run the shop,
+``crashoverride._cli.redelivery_worker``, configured by the environment this driver gives them
+(``SCENE_*``). ``examples/celery_redelivery.py`` runs one variant at a time (``run``), a third
+among them: worker 1 killed inside the charge, which its probe settles.
 """
 
 from __future__ import annotations
@@ -32,12 +31,8 @@ from urllib.parse import urlsplit
 
 DEFAULT_URL = "redis://127.0.0.1:6379/11"
 ORDER = 7
-FLEET_KEY = "demo-fleet-key-use-a-secret"  # the same in every worker; a real secret in prod
 
 Claim = tuple[str, bool, str]
-
-# The shop's receipt templates: a module global, as the agent's code runs with the task's globals.
-TEMPLATES: dict[str, str] = {}
 
 
 # ------------------------------------------------------------------------- what it needs
@@ -79,83 +74,6 @@ def _answers(host: str, port: int) -> bool:
     return reply.startswith((b"+PONG", b"-NOAUTH"))
 
 
-# ------------------------------------------------------------------------ the shop (workers)
-
-
-def celery_app(url: str, namespace: str, **options: Any) -> Any:
-    from celery import Celery
-
-    app = Celery("shop", broker=url, backend=url, **options)
-    app.conf.update(
-        task_default_queue=namespace,
-        worker_prefetch_multiplier=1,
-        broker_connection_retry_on_startup=True,
-        # A message a dead worker left unacknowledged comes back after 2 s (the default is an
-        # hour); the scene's keys are its own, so other applications' messages are left alone.
-        broker_transport_options={
-            "visibility_timeout": 2, "unacked_restore_interval": 1,
-            "unacked_restore_throttle": 1, "unacked_key": f"{namespace}:unacked",
-            "unacked_index_key": f"{namespace}:unacked_index",
-            "unacked_mutex_key": f"{namespace}:unacked_mutex",
-        },
-    )  # fmt: skip
-    return app
-
-
-def shop(url: str, namespace: str, *, declared: bool, kill_after_charge: bool) -> Any:
-    """The shop's Celery app, as one worker runs it."""
-    import redis
-
-    from crashoverride import NOT_DONE, CrashOverride, RedisCoordination
-    from crashoverride.integrations.celery import CrashOverrideTask, install
-    from crashoverride.testing import done, exec_python, script
-
-    app = celery_app(url, namespace, task_cls=CrashOverrideTask)
-    crash_override = CrashOverride(
-        project_prompt="Shop worker. A card must never be charged twice for one order.",
-        # What a model would do here, scripted: the demo runs offline.
-        model=script(
-            exec_python("TEMPLATES['receipt'] = TEMPLATES['paid']\nrerun()"),
-            done("the receipt template was renamed to 'paid'; restored it and finished the task"),
-        ),
-        coordination=RedisCoordination(url, namespace=namespace, key=FLEET_KEY, op_timeout=1.0),
-    )
-    install(app, crash_override)
-    TEMPLATES.clear()
-    TEMPLATES["paid"] = "order {order} paid, receipt {receipt}"  # 'receipt' was renamed
-
-    def processor() -> Any:
-        return redis.Redis.from_url(url, decode_responses=True)
-
-    def charge(order: int, cents: int) -> str:
-        """The card processor: each charge is an entry of the list ``<namespace>:charges``."""
-        with processor() as card:
-            return f"ch_{card.rpush(f'{namespace}:charges', f'order {order}: {cents} cents')}"
-
-    def find_charge(order: int, cents: int) -> Any:
-        """Asks the processor whether the order was charged: its receipt, or NOT_DONE."""
-        with processor() as card:
-            charges = card.lrange(f"{namespace}:charges", 0, -1)
-        wanted = f"order {order}: {cents} cents"
-        return f"ch_{charges.index(wanted) + 1}" if wanted in charges else NOT_DONE
-
-    if declared:
-        charge = crash_override.effect(
-            charge, key=lambda order, cents: f"charge order {order}", probe=find_charge
-        )
-
-    @app.task(name="shop.checkout", acks_late=True, recovery_prompt="Complete the paid checkout.")  # type: ignore[untyped-decorator]
-    def checkout(order: int) -> str:
-        receipt = charge(order, 4200)
-        if kill_after_charge:  # worker 1 stops here, charged, and is killed
-            with processor() as card:
-                card.set(f"{namespace}:worker-1", "charged")
-            time.sleep(3600)
-        return TEMPLATES["receipt"].format(order=order, receipt=receipt)
-
-    return app
-
-
 # ------------------------------------------------------------------------ the scene (driver)
 
 
@@ -183,16 +101,19 @@ def scene(url: str) -> list[Claim]:
     return claims
 
 
-def run(url: str, *, declared: bool) -> tuple[str, int, str]:
-    """One checkout whose first worker is killed: the answer, the charges, worker 2's log."""
+def run(url: str, *, declared: bool, kill_at: str = "after") -> tuple[str, int, str]:
+    """One checkout whose first worker is killed right after the charge (``kill_at="after"``)
+    or inside it (``"inside"``): the answer, the charges, worker 2's log."""
     import redis
+    from celery import Celery
 
     namespace = f"crashoverride-demo-shop-{os.urandom(4).hex()}"
     env = {"REDIS_URL": url, "SCENE_NS": namespace, "SCENE_DECLARED": "1" if declared else "0"}
-    sender = celery_app(url, namespace)
+    # Only sends the task and reads its result: the workers run the shop.
+    sender = Celery("shop", broker=url, backend=url)
     card = redis.Redis.from_url(url, decode_responses=True)
     try:
-        with _worker({**env, "SCENE_KILL_AT": "after"}) as (first, _):
+        with _worker({**env, "SCENE_KILL_AT": kill_at}) as (first, _):
             sent = sender.send_task("shop.checkout", args=(ORDER,), queue=namespace)
             deadline = time.monotonic() + 120
             while card.get(f"{namespace}:worker-1") is None:
@@ -201,8 +122,8 @@ def run(url: str, *, declared: bool) -> tuple[str, int, str]:
                 time.sleep(0.05)
             first.send_signal(signal.SIGKILL)
             first.wait(30)
-            print("    worker 1 was killed with SIGKILL right after the charge, before it "
-                  "acknowledged the task")  # fmt: skip
+            when = "inside the charge" if kill_at == "inside" else "right after the charge"
+            print(f"    worker 1 was killed with SIGKILL {when}, before it acknowledged the task")
             with _worker(env) as (_, log):
                 answer = str(sent.get(timeout=180))
                 print(f"    worker 2 got the redelivery: {answer!r}")
