@@ -9,9 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
+
+from crashoverride import integration
+
+if TYPE_CHECKING:
+    from crashoverride import Handler
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -359,3 +364,14 @@ def outranking(group: BaseExceptionGroup[BaseException]) -> BaseException | None
         elif found is None and isinstance(current, cancelled):
             found = current
     return found
+
+
+def contain(handler: Handler, exc: BaseException, group: BaseExceptionGroup[BaseException]) -> None:
+    """A task group's exception while ``exc`` was being recovered: the member that outranks
+    ``exc`` propagates (``outranking``); with none, the group is an internal failure, noted on
+    ``exc``, and the caller goes on to raise ``exc``."""
+    member = outranking(group)
+    if member is None:
+        integration.internal_failure(handler, exc, group)
+        return
+    raise member from None

@@ -21,7 +21,7 @@ from crashoverride.integrations.asgi._exchange import (
     Scope,
     Send,
     cancel_pending,
-    outranking,
+    contain,
     send_response,
 )
 from crashoverride.integrations.asgi._units import unit_id
@@ -110,11 +110,8 @@ class Requests:
             integration.internal_failure(self.handler, exc, problem)
             return None
         except BaseExceptionGroup as group:
-            member = outranking(group)
-            if member is None:
-                integration.internal_failure(self.handler, exc, group)
-                return None
-            raise member from None
+            contain(self.handler, exc, group)
+            return None
         except anyio.get_cancelled_exc_class():
             # Never swallowed; the note says why the application's exception is its context.
             integration.note(exc, "crashoverride: recovery cancelled: the request was cancelled")

@@ -25,7 +25,7 @@ import anyio
 import anyio.abc
 
 from crashoverride import Handler, integration
-from crashoverride.integrations.asgi._exchange import ASGIApp, outranking
+from crashoverride.integrations.asgi._exchange import ASGIApp, contain
 from crashoverride.integrations.asgi._websocket import (
     DISCONNECT,
     NO_MESSAGE,
@@ -124,11 +124,8 @@ class Session:
         except BaseExceptionGroup as group:
             if job is not None:
                 job.discard()
-            member = outranking(group)
-            if member is None:
-                integration.internal_failure(self.handler, exc, group)
-                return None
-            raise member from None
+            contain(self.handler, exc, group)
+            return None
         except anyio.get_cancelled_exc_class():
             if job is not None:
                 job.discard()
