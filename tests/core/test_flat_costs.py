@@ -332,3 +332,39 @@ def test_builtin_containers_and_their_subclasses_are_walked_not_rendered() -> No
     assert safe_repr(KeyError("a", 2)) == "KeyError('a', 2)"
     huge = 7**40_000  # past the int-to-text limit (a ValueError), or slow without one
     assert safe_repr(huge) == f"<int of about {int(huge.bit_length() * 0.30103) + 1} digits>"
+
+
+class _Proxy:
+    """Holds a million rows in a private slot; any code of its own that runs is counted."""
+
+    __slots__ = ("__rows", "name")
+    touched = 0
+
+    def __init__(self) -> None:
+        self.__rows = list(range(1_000_000))
+        self.name = "orders"
+
+    def __getattr__(self, attribute: str) -> Any:
+        type(self).touched += 1
+        raise AttributeError(attribute)
+
+    def __repr__(self) -> str:
+        type(self).touched += 1
+        return f"Proxy({self.__rows})"
+
+
+class _LoudError(Exception):
+    def __repr__(self) -> str:
+        return f"LoudError({self.args[0]})"
+
+
+def test_a_value_too_big_to_render_is_shown_by_attributes_read_without_its_code() -> None:
+    _Proxy.touched = 0
+    shown = safe_repr(_Proxy())
+    assert shown.startswith("<_Proxy object, repr not called")
+    assert "__rows=[0, 1, 2, 3, 4, 5, 6, 7, ...], name='orders'>" in shown
+    assert _Proxy.touched == 0  # neither its repr nor its __getattr__ ran
+    # An exception's arguments are counted and shown too (they live out of its __dict__).
+    loud = safe_repr(_LoudError("m" * 5_000_000))
+    assert loud.startswith("<_LoudError object, repr not called") and "args=('mmm" in loud
+    assert safe_repr(_LoudError("short")) == "LoudError(short)"

@@ -164,8 +164,10 @@ def _contents(value: object) -> tuple[int, Iterable[Any]]:
             return base.__len__(value), base.__iter__(value)
     if isinstance(value, dict):
         return dict.__len__(value), (pair for pair in dict.items(value))
-    held = attributes(value)
-    return len(held), (item for _, item in held)
+    held = [item for _, item in attributes(value)]
+    if isinstance(value, BaseException):  # its arguments live out of its ``__dict__``
+        held.extend(BaseException.__dict__["args"].__get__(value, type(value)))
+    return len(held), iter(held)
 
 
 def estimate(value: object) -> float:
@@ -311,6 +313,8 @@ class BoundedRepr(reprlib.Repr):
 
     def _unrendered(self, x: object, size: float, level: int) -> str:
         held = attributes(x)
+        if isinstance(x, BaseException):
+            held.insert(0, ("args", BaseException.__dict__["args"].__get__(x, type(x))))
         shown = self.pairs(iter(held), len(held), level, "; ", "=", "", True) if held else ""
         why = f"repr not called (its data would render as ~{_amount(size)})"
         return f"<{type(x).__name__} object, {why}{shown}>"
