@@ -6,8 +6,11 @@ recovery done first), with one aspect of the failure grown from small to huge:
 * depth: the stack under the protected block, 10 frames to a ``RecursionError`` (~1,000);
 * locals: the number of locals of the protected function, 10 to 10,000;
 * bytes / list / repr: one local of 1 KB to 256 MB: a ``bytes``, a ``list`` (``[0] * n``, 8
-  bytes an item) and an object whose ``repr`` renders all its data (a naive container; pandas
-  bounds its own repr, this one does not);
+  bytes an item) and an object whose ``repr`` renders all the data it holds (a naive container;
+  pandas bounds its own repr, this one does not). Its repr is not called past a size the
+  library estimates from the object's attributes (``_security.bounded``); a ``__repr__`` that
+  makes up a large text from little data (``"x" * self.count``) is application code, called,
+  and not bounded;
 * secret: one ``str`` local under a secret-looking name (a key file), 1 KB to 16 MB: the
   redactor masks its value wherever it recurs;
 * message: the exception's message, 1 KB to 100 MB;
@@ -75,13 +78,10 @@ class _Bulky:
     """A container whose repr shows everything it holds, however much that is."""
 
     def __init__(self, size: int) -> None:
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
+        self.data = "x" * size
 
     def __repr__(self) -> str:
-        return "Bulky(" + "x" * self.size + ")"
+        return f"Bulky({self.data})"
 
 
 def _value(aspect: str, size: int) -> object:

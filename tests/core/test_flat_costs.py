@@ -16,9 +16,9 @@ import pytest
 
 from crashoverride import CrashOverride
 from crashoverride._placement.frames import CallerLocals
-from crashoverride._security import masking, secrets
+from crashoverride._security import bounded, masking, secrets
 from crashoverride._security.text import safe_repr, summarize_locals
-from crashoverride.testing import give_up, script
+from crashoverride.testing import eval_python, give_up, script
 
 # ---------------------------------------------------------------- reads of a frame's locals
 
@@ -230,3 +230,141 @@ def test_the_secret_walk_looks_at_a_bounded_number_of_locals() -> None:
     first = Counted({"db_password": "s3cret-value", **{f"v{i}": "x" for i in range(5_000)}})
     assert "s3cret-value" in masking.secret_values([first], secrets.is_secret_name)
     assert found == []  # the 50,001st name was never reached
+
+
+# ------------------------------------------------------- an application's __repr__, bounded
+
+
+class _Hoard:
+    """A naive container: its repr renders every item it holds (pandas bounds its own repr;
+    this one does not), and it records how often that was asked for."""
+
+    renders = 0
+
+    def __init__(self, items: list[int]) -> None:
+        self.items = items
+        self.label = "nightly import"
+
+    def __repr__(self) -> str:
+        type(self).renders += 1
+        return f"Hoard({self.items!r})"
+
+
+class _Refusing:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr for you")
+
+
+class _Money:
+    """Small, with a repr of its own: the model is shown the application's rendering."""
+
+    def __init__(self, cents: int) -> None:
+        self.cents = cents
+
+    def __repr__(self) -> str:
+        return f"Money({self.cents / 100:.2f} EUR)"
+
+
+def _first_text(model: Any) -> str:
+    call = model.first_call
+    assert call is not None
+    items = call.input
+    if isinstance(items, str):
+        return items
+    return "\n".join(str(item.get("content", "")) for item in items if isinstance(item, dict))
+
+
+def test_a_local_whose_repr_renders_all_its_data_is_shown_without_calling_that_repr() -> None:
+    _Hoard.renders = 0
+    model = script(eval_python("hoard"), give_up("cannot fix the import"))
+    co = CrashOverride(model=model)
+    hoard = _Hoard(list(range(3_000_000)))
+    refusing = _Refusing()
+    price = _Money(1250)
+    error = KeyError("sku-42")
+    with pytest.raises(KeyError) as raised, co.handler():
+        raise error
+    assert raised.value is error  # the user's exception, untouched
+    assert _Hoard.renders == 0  # 3 million items were never rendered to show 160 characters
+    text = _first_text(model)
+    assert len(text) < 64_000
+    # What the model is told instead: the type, why, and the object's attributes, walked here.
+    assert "hoard (_Hoard) = <_Hoard object, repr not called (its data would render" in text
+    assert "items=[0, 1, 2, 3, 4, 5, 6, 7, ...], label='nightly import'" in text
+    assert "price (_Money) = Money(12.50 EUR)" in text  # an ordinary repr is still called
+    assert f"refusing (_Refusing) = <_Refusing instance at {id(refusing):#x}>" in text
+    # The same bound when the agent asks for the value: a tool result renders it alike.
+    (*_, returned) = model.calls[1].input
+    assert isinstance(returned, dict)
+    assert "<_Hoard object, repr not called" in str(returned.get("output"))
+    assert _Hoard.renders == 0
+    assert len(hoard.items) == 3_000_000 and price.cents == 1250
+
+
+def test_the_reprs_one_summary_calls_share_one_budget() -> None:
+    # Forty objects, each just under what one value may render: their reprs are called until
+    # the summary's budget is spent, and the rest are shown by their attributes.
+    hoards = {f"h{i}": _Hoard([7] * (bounded.HEAVY // 5)) for i in range(40)}
+    each = bounded.estimate(hoards["h0"])
+    assert bounded.HEAVY / 2 < each < bounded.HEAVY
+    _Hoard.renders = 0
+    text = summarize_locals(hoards)
+    assert 1 <= _Hoard.renders <= bounded.BUDGET // each < 40
+    assert text.count("repr not called") >= 1
+    # A value on its own has the whole budget again.
+    _Hoard.renders = 0
+    assert safe_repr(hoards["h39"]).startswith("Hoard([7, 7, 7")
+    assert _Hoard.renders == 1
+
+
+def test_builtin_containers_and_their_subclasses_are_walked_not_rendered() -> None:
+    class Rows(list[int]):
+        pass
+
+    class Tags(set[int]):
+        pass
+
+    rows, tags = Rows(range(5_000_000)), Tags(range(2_000_000))
+    assert safe_repr(rows) == "[0, 1, 2, 3, 4, 5, 6, 7, ...]"  # list's own repr, shortened
+    assert safe_repr(tags).startswith("{") and safe_repr(tags).endswith(", ...}")
+    assert safe_repr({3, 1, 2}) == "{1, 2, 3}"  # small sets sorted, as reprlib shows them
+    assert safe_repr(ValueError("v" * 5_000_000)).startswith("ValueError('vvv")
+    assert safe_repr(KeyError("a", 2)) == "KeyError('a', 2)"
+    huge = 7**40_000  # past the int-to-text limit (a ValueError), or slow without one
+    assert safe_repr(huge) == f"<int of about {int(huge.bit_length() * 0.30103) + 1} digits>"
+
+
+class _Proxy:
+    """Holds a million rows in a private slot; any code of its own that runs is counted."""
+
+    __slots__ = ("__rows", "name")
+    touched = 0
+
+    def __init__(self) -> None:
+        self.__rows = list(range(1_000_000))
+        self.name = "orders"
+
+    def __getattr__(self, attribute: str) -> Any:
+        type(self).touched += 1
+        raise AttributeError(attribute)
+
+    def __repr__(self) -> str:
+        type(self).touched += 1
+        return f"Proxy({self.__rows})"
+
+
+class _LoudError(Exception):
+    def __repr__(self) -> str:
+        return f"LoudError({self.args[0]})"
+
+
+def test_a_value_too_big_to_render_is_shown_by_attributes_read_without_its_code() -> None:
+    _Proxy.touched = 0
+    shown = safe_repr(_Proxy())
+    assert shown.startswith("<_Proxy object, repr not called")
+    assert "__rows=[0, 1, 2, 3, 4, 5, 6, 7, ...], name='orders'>" in shown
+    assert _Proxy.touched == 0  # neither its repr nor its __getattr__ ran
+    # An exception's arguments are counted and shown too (they live out of its __dict__).
+    loud = safe_repr(_LoudError("m" * 5_000_000))
+    assert loud.startswith("<_LoudError object, repr not called") and "args=('mmm" in loud
+    assert safe_repr(_LoudError("short")) == "LoudError(short)"

@@ -1,7 +1,8 @@
 """What keeps a recovery safe: secrets, redaction, fences, the verdict, the gate, the audit trail.
 
 Modules: ``secrets`` (secrets recognised by their value), ``masking`` (secret-named keys inside
-values), ``redact`` (the redactor: everything that leaves the process passes it), ``text``
+values), ``redact`` (the redactor: everything that leaves the process passes it), ``bounded`` (reprs
+whose work is bounded: what is walked, what is called), ``text``
 (bounded renderings of exceptions and values), ``brief`` (a brief: trusted text we write,
 and the occurrence's values, always fenced), ``verdict`` (what a check's return value means),
 ``audit`` (``ApprovalRequest`` and ``ToolCallRecord``), ``approvers`` (an approver's name

@@ -13,15 +13,14 @@ field or a pydantic model with an ``api_key``. Two things keep those values in t
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import reprlib
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from itertools import islice
 from typing import Any
 
 from crashoverride._security import secrets
+from crashoverride._security.bounded import BoundedRepr, attributes, fields_of
 from crashoverride._security.redact import MASK
 
 # A number or a flag under a secret-looking name (``max_tokens``, ``key_count``) is no secret.
@@ -29,8 +28,6 @@ _HARMLESS = (bool, int, float, complex, type(None))
 _HARMLESS_SET = frozenset(_HARMLESS)
 _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
            types.MethodType, types.FrameType, types.CodeType, types.TracebackType)  # fmt: skip
-# Around a cut: longer than any secret format the detector knows, PEM blocks aside (``clip``).
-_MARGIN = 600
 
 
 def hidden(name: object, value: object, is_secret: Callable[[str], bool]) -> bool:
@@ -38,88 +35,23 @@ def hidden(name: object, value: object, is_secret: Callable[[str], bool]) -> boo
     return isinstance(name, str) and is_secret(name) and not isinstance(value, _HARMLESS)
 
 
-def _fields(value: object) -> list[str] | None:
-    """The named fields of a dataclass, pydantic model or named tuple (None: not one of them)."""
-    cls = type(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return [f.name for f in dataclasses.fields(value) if f.repr]
-    pydantic = getattr(cls, "__pydantic_fields__", None)
-    if isinstance(pydantic, dict) and hasattr(value, "__pydantic_fields_set__"):
-        return [name for name, info in pydantic.items() if getattr(info, "repr", True)]
-    named = getattr(cls, "_fields", None)
-    if isinstance(value, tuple) and isinstance(named, tuple):
-        return [str(name) for name in named]
-    return None
+class MaskingRepr(BoundedRepr):
+    """A bounded repr that never shows a secret-named key's value or a secret found by value.
 
-
-class MaskingRepr(reprlib.Repr):
-    """A bounded repr that never shows a secret-named key's value or a secret found by value."""
+    What is walked and what is called is ``BoundedRepr``'s; this adds the masking, of strings
+    (before a long one is shortened: a clipped key is a partial leak; ``shown_text`` keeps a
+    margin around the cut) and of the values under secret-named keys, fields and attributes.
+    """
 
     def __init__(self, is_secret: Callable[[str], bool] = secrets.is_secret_name) -> None:
         super().__init__()
         self.is_secret = is_secret
 
-    def repr1(self, x: Any, level: int) -> str:
-        if isinstance(x, str):
-            return super().repr1(secrets.mask(self._shown(x), MASK, self.is_secret), level)
-        if isinstance(x, bytes | bytearray) and len(x) > self.maxother:
-            return self._long_bytes(x)
-        if isinstance(x, dict | types.MappingProxyType) or (
-            isinstance(x, Mapping) and type(x).__repr__ is not object.__repr__
-        ):
-            body = self._items(((k, v) for k, v in x.items()), len(x), level, "{", ": ", "}")
-            return body if type(x) is dict else f"{type(x).__name__}({body})"
-        names = _fields(x)
-        if names is not None:
-            pairs = ((name, getattr(x, name, None)) for name in names)
-            return type(x).__name__ + self._items(pairs, len(names), level, "(", "=", ")", True)
-        return super().repr1(x, level)
+    def repr_text(self, text: str, level: int) -> str:
+        return super().repr_text(secrets.mask(text, MASK, self.is_secret), level)
 
-    def _shown(self, text: str) -> str:
-        """The parts of ``text`` a repr of it can show: its head and tail, each with a margin.
-
-        ``repr_str`` keeps fewer than ``maxstring`` characters from each end. Masking the whole
-        of a long string would scan megabytes to show 160 characters; the margin (wider than any
-        secret the detector knows, as ``clip``'s) keeps a secret across the cut whole, so it is
-        still recognised and masked. The newline keeps the two parts from reading as one token.
-        """
-        keep = self.maxstring + _MARGIN
-        if len(text) <= 2 * keep + 1:
-            return text
-        return f"{text[:keep]}\n{text[len(text) - keep :]}"
-
-    def _long_bytes(self, value: bytes | bytearray) -> str:
-        # ``reprlib`` has no bytes rule: it would render all of ``value`` to keep 160 characters.
-        # The same text, from a repr of each end only.
-        limit = self.maxother
-        head, tail = repr(value[:limit]), repr(value[len(value) - limit :])
-        i = max(0, (limit - 3) // 2)
-        j = max(0, limit - 3 - i)
-        return head[:i] + self.fillvalue + tail[len(tail) - j :]
-
-    def _items(
-        self,
-        pairs: Iterator[tuple[Any, Any]],
-        count: int,
-        level: int,
-        opening: str,
-        between: str,
-        closing: str,
-        bare_names: bool = False,
-    ) -> str:
-        if count == 0:
-            return opening + closing
-        if level <= 0:
-            return opening + self.fillvalue + closing
-        limit = self.maxdict
-        pieces = []
-        for name, value in islice(pairs, limit):
-            shown = MASK if hidden(name, value, self.is_secret) else self.repr1(value, level - 1)
-            label = str(name) if bare_names else self.repr1(name, level - 1)
-            pieces.append(f"{label}{between}{shown}")
-        if count > limit:
-            pieces.append(self.fillvalue)
-        return opening + ", ".join(pieces) + closing
+    def repr_value(self, name: object, value: object, level: int) -> str:
+        return MASK if hidden(name, value, self.is_secret) else self.repr1(value, level)
 
 
 def masking_repr(is_secret: Callable[[str], bool], **limits: int) -> MaskingRepr:
@@ -236,20 +168,18 @@ def _children(value: object, name: object) -> Iterable[tuple[object, object]]:
             pair for pair in islice(value.items(), _MAX_ITEMS) if type(pair[1]) not in _HARMLESS_SET
         ]
     if isinstance(value, list | tuple | set | frozenset):
-        fields = _fields(value) if isinstance(value, tuple) else None
+        fields = fields_of(value) if isinstance(value, tuple) else None
         if fields is not None:
             return [(field, getattr(value, field, None)) for field in fields]
         # Items of a secret-named collection are secrets too (``api_keys = [...]``).
         return [
             (name, item) for item in islice(value, _MAX_ITEMS) if type(item) not in _HARMLESS_SET
         ]
-    fields = _fields(value)
+    fields = fields_of(value)
     if fields is not None:
         return [(field, getattr(value, field, None)) for field in fields]
-    attributes = getattr(value, "__dict__", None)
-    if isinstance(attributes, dict):
-        return list(islice(attributes.items(), _MAX_ITEMS))
-    return ()
+    # Read from the classes' descriptors: no ``__getattr__`` or property of the value runs.
+    return attributes(value)[:_MAX_ITEMS]
 
 
 # -- request data (query strings, form and JSON bodies) -----------------------------------------

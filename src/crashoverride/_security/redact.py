@@ -204,9 +204,9 @@ def _plain(value: object) -> bool:
 
 
 def _repr(value: object) -> str:
-    import reprlib
+    from crashoverride._security.bounded import BoundedRepr  # its work bounded too
 
-    shortener = reprlib.Repr()
+    shortener = BoundedRepr()
     shortener.maxstring = shortener.maxother = 4_000
     try:
         return shortener.repr(value)

@@ -48,7 +48,10 @@ _WIDE = _wide_repr()
 
 
 def safe_repr(value: object, shortener: reprlib.Repr = _REPR) -> str:
-    """A bounded repr that never raises (a broken ``__repr__`` is data, not a crash)."""
+    """A bounded repr that never raises (a broken ``__repr__`` is data, not a crash).
+
+    Bounded in its work too, as far as that can be (``_security.bounded``): an object's own
+    ``__repr__`` is called only when the data it holds would render small."""
     try:
         return shortener.repr(value)
     except Exception as exc:  # any user __repr__ may fail
@@ -122,7 +125,9 @@ def summarize_locals(
     Masking reaches inside values too: secret-named keys and fields of containers, dataclasses
     and pydantic models, and secrets recognised by their value.
     """
-    shortener = _REPR if is_secret is is_secret_name else _short_repr(is_secret)
+    # One budget for the whole summary: many objects each just under the limit of one value
+    # still add up to one bounded cost.
+    shortener = (_REPR if is_secret is is_secret_name else _short_repr(is_secret)).session()
     lines: list[str] = []
     used = 0
     items = list(names.items())
