@@ -209,8 +209,14 @@ class CrashOverrideMiddleware:
         if kind == "http":
             if self._filtered and not self._protects(scope):
                 await self.app(scope, receive, send)
-            else:
-                await self._http(scope, receive, send)
+            elif integration.effects_declared():
+                # The request is a unit of work, its recovery included: replays and a client's
+                # retry with the same idempotency key find the declared effects it made
+                # (``_units``).
+                with integration.unit_of_work(self.handler, unit_id(scope, self._idempotency)):
+                    await self._unit(scope, receive, send)
+            else:  # no effect declared in the process: no unit to open (``unit_of_work``)
+                await self._unit(scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(scope, receive, send)
         elif kind == "websocket" and self._websockets and self._protects(scope):
@@ -227,12 +233,6 @@ class CrashOverrideMiddleware:
         return not any(p.fullmatch(path) for p in self._exclude)
 
     # -- http ------------------------------------------------------------------------------
-
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The request is a unit of work, its recovery included: replays and a client's retry
-        # with the same idempotency key find the declared effects it made (``_units``).
-        with integration.unit_of_work(self.handler, unit_id(scope, self._idempotency)):
-            await self._unit(scope, receive, send)
 
     async def _unit(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = Exchange(scope, receive, send, self._limit)
