@@ -26,7 +26,7 @@ UV = $(or $(shell command -v uv 2>/dev/null),$(UV_HOME)/bin/uv)
 # uv reads no pip configuration: hand it this machine's (indexes, find-links, constraints).
 UV_INDEX_ARGS = $(shell $(PRIMARY) tools/pip_index_args.py)
 
-.PHONY: help demo demo-redelivery test test-fast lint docs docs-build browser bench clean uv
+.PHONY: help demo demo-redelivery test test-fast lint docs docs-build browser wrk bench clean uv
 
 help:
 	@echo "make demo       - create .venv, install what the demo needs, run the offline demo (scripted model)"
@@ -124,8 +124,20 @@ test: lint browser | uv
 test-fast: lint
 	$(VENV)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
-bench: $(VENV)/.installed
-	@$(VENV)/bin/python -c 'import matplotlib' 2>/dev/null || $(VENV)/bin/python -m pip install -q -e '.[bench]'
+# benchmarks/bench_asgi.py loads its servers with wrk (a Python client saturates first): from the
+# distribution's packages, installed here when it is missing and we may (root, apt-get), as
+# `browser` does. Without it the ASGI rows fall back to a Python client and say so.
+wrk:
+	@command -v wrk >/dev/null 2>&1 || \
+	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "== installing wrk (apt-get)"; \
+	    apt-get install -y -q wrk >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q wrk >/dev/null 2>&1; } || \
+	    echo "!! wrk could not be installed: the ASGI rows will use a Python load generator"; \
+	  else echo "!! no wrk (apt-get install wrk): the ASGI rows will use a Python load generator"; fi; }
+
+bench: $(VENV)/.installed wrk
+	@$(VENV)/bin/python -c 'import matplotlib, tenacity, stamina' 2>/dev/null || $(VENV)/bin/python -m pip install -q -e '.[bench]'
 	$(VENV)/bin/python -m benchmarks
 
 clean:

@@ -16,6 +16,7 @@ from benchmarks._common import Row, format_table
 MODULES = [
     "benchmarks.bench_import",
     "benchmarks.bench_happy",
+    "benchmarks.bench_peers",
     "benchmarks.bench_operating",
     "benchmarks.bench_recovery",
     "benchmarks.bench_burst",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypedDict
 
 
@@ -45,18 +45,37 @@ def per_call_ns(fn: Callable[[int], Any], loops: int, repeats: int = 7) -> float
 
 def interleaved(
     fns: dict[str, Callable[[int], Any]],
-    loops: int,
+    loops: int | dict[str, int],
     rounds: int = 9,
     pick: Callable[[list[float]], float] = statistics.median,
 ) -> dict[str, float]:
     """ns per iteration of each function, measured in alternation (noisy machine): the median
-    of the rounds, or what ``pick`` takes (``min``: the run the machine disturbed least)."""
+    of the rounds, or what ``pick`` takes (``min``: the run the machine disturbed least).
+    ``loops`` may differ by function (a dict), so that a slow one does not make a round long."""
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            n = loops if isinstance(loops, int) else loops[name]
             start = time.perf_counter_ns()
-            fn(loops)
-            samples[name].append((time.perf_counter_ns() - start) / loops)
+            fn(n)
+            samples[name].append((time.perf_counter_ns() - start) / n)
+    return {name: pick(values) for name, values in samples.items()}
+
+
+async def ainterleaved(
+    fns: dict[str, Callable[[int], Awaitable[Any]]],
+    loops: int | dict[str, int],
+    rounds: int = 9,
+    pick: Callable[[list[float]], float] = statistics.median,
+) -> dict[str, float]:
+    """``interleaved`` for coroutine functions, awaited in turn on the running loop."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            n = loops if isinstance(loops, int) else loops[name]
+            start = time.perf_counter_ns()
+            await fn(n)
+            samples[name].append((time.perf_counter_ns() - start) / n)
     return {name: pick(values) for name, values in samples.items()}
 
 

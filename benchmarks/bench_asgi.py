@@ -1,10 +1,17 @@
-"""Requests per second through uvicorn, with and without ``CrashOverrideMiddleware``.
+"""Requests per second through uvicorn: the bare app vs the app behind ``CrashOverrideMiddleware``,
+behind sentry-sdk's integration, and behind both, measured side by side in one run.
 
-Two uvicorn processes serve the same small Starlette JSON endpoint, one of them behind the
-middleware (no request fails, so this is the cost every healthy request pays). A keep-alive
-load generator written on raw asyncio protocols (so the client is not what is measured) drives
-both servers at the same time (see ``measure`` for why), or in turn with ``--mode alternating``;
-figures are medians of the repetitions.
+Five uvicorn processes serve the same small Starlette JSON endpoint (``_asgi_servers``: what
+each one adds, and how Sentry is configured, with its DSN pointing at a local sink). No request
+fails, so this is the cost every healthy request pays. wrk drives every server at the same time
+(see ``measure`` for why); where wrk is not installed, a keep-alive client on raw asyncio does,
+and every row says so (``_load``).
+
+The figure compared is requests per CPU second of the server process, every thread counted:
+the requests per second the server sustains when it has one CPU to itself. Counting CPU rather
+than wall time keeps the comparison fair while the servers share one CPU (the scheduler shares
+it by thread, so Sentry's transport thread would otherwise win its process a larger share) and
+while other processes load the machine.
 
     python -m benchmarks.bench_asgi [--repeats 7] [--seconds 2] [--connections 32] [--mode ...]
 """
@@ -14,211 +21,130 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from benchmarks import _asgi_servers, _load
+from benchmarks._asgi_servers import KINDS, Process
 from benchmarks._common import Row, format_table, row
 
 TARGET = ">= 0.95"
-_REQUEST = b"GET /json HTTP/1.1\r\nHost: bench\r\n\r\n"
+_PROJECT = {kind: str(i) for i, kind in enumerate(KINDS, 1)}  # each server's DSN project id
+_SENTRY = ("sentry", "sentry-errors", "both")
 
 
-# ---------------------------------------------------------------------------------- servers
-
-
-def _app(protected: bool) -> Any:
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse
-    from starlette.routing import Route
-
-    async def hello(request: Request) -> JSONResponse:
-        return JSONResponse({"hello": "world", "items": [1, 2, 3]})
-
-    app = Starlette(routes=[Route("/json", hello)])
-    if protected:
-        from crashoverride import CrashOverride
-        from crashoverride.integrations.asgi import CrashOverrideMiddleware
-
-        app.add_middleware(
-            CrashOverrideMiddleware, crash_override=CrashOverride(), prompt="Answer truthfully."
-        )
-    return app
-
-
-def _serve(kind: str, fd: int, cpu: int | None) -> None:
-    import uvicorn
-
-    if cpu is not None and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {cpu})
-
-    # ``socket.socket(fileno=...)`` detects the family; uvicorn's own ``fd=`` assumes a UNIX
-    # socket, which would leave Nagle's algorithm on and measure TCP delays instead.
-    sock = socket.socket(fileno=fd)
-    config = uvicorn.Config(
-        _app(kind == "protected"), log_level="warning", access_log=False,
-        lifespan="on", loop="asyncio", http="h11",
-    )  # fmt: skip
-    uvicorn.Server(config).run(sockets=[sock])
-
-
-class _Server:
-    def __init__(self, kind: str, cpu: int | None) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(1024)
-        self.port: int = self.sock.getsockname()[1]
-        fd = self.sock.fileno()
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        command = [sys.executable, "-m", "benchmarks.bench_asgi", "--serve", kind, "--fd", str(fd)]
-        if cpu is not None:
-            command += ["--cpu", str(cpu)]
-        self.proc = subprocess.Popen(
-            command,
-            pass_fds=(fd,),
-            cwd=root,
-        )
-
-    def wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
-                    conn.sendall(_REQUEST)
-                    if conn.recv(64).startswith(b"HTTP/1.1 200"):
-                        return
-            except OSError:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError("the benchmark server exited")
-            time.sleep(0.1)
-        raise RuntimeError("the benchmark server did not start")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.sock.close()
-
-
-# ------------------------------------------------------------------------------ load client
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection sending the next request as soon as a response is complete."""
-
-    def __init__(self, counter: list[int]) -> None:
-        self.counter = counter
-        self.buffer = b""
-        self.transport: asyncio.Transport | None = None
-        self.closed = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.write(_REQUEST)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while True:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = self.buffer[:end].lower()
-            start = head.find(b"content-length:")
-            length = int(head[start + 15 : head.find(b"\r\n", start)].strip() or 0)
-            total = end + 4 + length
-            if len(self.buffer) < total:
-                return
-            if not head.startswith(b"http/1.1 200"):
-                raise RuntimeError(f"unexpected response: {head[:40]!r}")
-            self.buffer = self.buffer[total:]
-            self.counter[0] += 1
-            assert self.transport is not None
-            self.transport.write(_REQUEST)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-
-async def _load(ports: dict[str, int], seconds: float, connections: int) -> dict[str, float]:
-    """Drive every server in ``ports`` at once; requests per second of each."""
-    loop = asyncio.get_running_loop()
-    counters = {name: [0] for name in ports}
-    protocols: list[_Connection] = []
-    for name, port in ports.items():
-        for _ in range(connections):
-            _, protocol = await loop.create_connection(
-                lambda name=name: _Connection(counters[name]), "127.0.0.1", port
-            )
-            protocols.append(protocol)
-    await asyncio.sleep(0.2)  # every connection is busy before the window opens
-    before = {name: counter[0] for name, counter in counters.items()}
-    began = time.perf_counter()
-    await asyncio.sleep(seconds)
-    elapsed = time.perf_counter() - began
-    done = {name: counters[name][0] - before[name] for name in ports}
-    for protocol in protocols:
-        assert protocol.transport is not None
-        protocol.transport.close()
-    await asyncio.gather(*(p.closed for p in protocols))
-    return {name: count / elapsed for name, count in done.items()}
-
-
-def _server_cpu() -> int | None:
-    """One CPU both servers share (the scheduler then splits it fairly between them); the
-    load generator keeps to the others."""
+@contextmanager
+def _pinned() -> Iterator[int | None]:
+    """One CPU for the servers (the scheduler then splits it between them), the others for
+    this process and what it starts (load generators, the sink); restored afterwards, so the
+    benchmarks run after this one keep every CPU."""
     if not hasattr(os, "sched_getaffinity"):
-        return None
+        yield None
+        return
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
-        return None
+        yield None
+        return
     os.sched_setaffinity(0, set(cpus[1:]))
-    return cpus[0]
+    try:
+        yield cpus[0]
+    finally:
+        os.sched_setaffinity(0, set(cpus))
+
+
+def _settler(sink: Process) -> Any:
+    def settle() -> None:
+        # Until the sink has heard nothing new for 0.3 s (at most 10 s): Sentry's transport
+        # thread sends what the requests queued after they were answered.
+        deadline = time.monotonic() + 10
+        last = _asgi_servers.received(sink)
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            now = _asgi_servers.received(sink)
+            if now == last:
+                return
+            last = now
+
+    return settle
 
 
 def measure(
-    repeats: int = 7, seconds: float = 2.0, connections: int = 32, mode: str = "concurrent"
-) -> dict[str, float]:
-    """Median requests per second of each server.
+    repeats: int = 7,
+    seconds: float = 2.0,
+    connections: int = 32,
+    mode: str = "concurrent",
+    kinds: tuple[str, ...] = KINDS,
+) -> dict[str, Any]:
+    """Per server: median requests per CPU second (``rate``; per wall second where CPU time
+    cannot be read), median requests per wall second (``rps``), and envelopes the sink got per
+    request (``envelopes``). ``generator`` is which load generator ran.
 
-    Servers are pinned to one CPU and the load generator to the others (client and server
+    Servers are pinned to one CPU and the load generators to the others (client and server
     migrating between CPUs made single runs swing by +-20%). ``concurrent`` (default) loads
-    both servers at the same time: the scheduler shares their CPU fairly, so the ratio is the
-    ratio of per-request CPU cost, and load from anything else on the machine hits both alike.
-    ``alternating`` loads one at a time, swapping the order every repetition: absolute figures
-    are those of a server alone.
+    every server at the same time: load from anything else on the machine hits all alike.
+    ``alternating`` loads one at a time, rotating the order every repetition.
     """
-    cpu = _server_cpu()
-    servers = {"plain": _Server("plain", cpu), "protected": _Server("protected", cpu)}
-    try:
-        for server in servers.values():
-            server.wait_ready()
-        ports = {name: server.port for name, server in servers.items()}
-        asyncio.run(_load(ports, 0.5, connections))  # warm-up: imports, caches, connections
-        samples: dict[str, list[float]] = {name: [] for name in servers}
-        for i in range(repeats):
-            if mode == "concurrent":
-                rounds = [ports]
-            else:
-                order = list(ports) if i % 2 == 0 else list(reversed(ports))
-                rounds = [{name: ports[name]} for name in order]
-            for subset in rounds:
-                for name, value in asyncio.run(_load(subset, seconds, connections)).items():
-                    samples[name].append(value)
-        return {name: statistics.median(values) for name, values in samples.items()}
-    finally:
-        for server in servers.values():
-            server.close()
+    generator = "wrk" if _load.wrk_path() else "python"
+    drive = _load.wrk_load if generator == "wrk" else _load.python_load
+    with _pinned() as cpu:
+        sink = _asgi_servers.sink()
+        servers: dict[str, Process] = {}
+        try:
+            _wait_sink(sink)
+            dsn = f"http://bench@127.0.0.1:{sink.port}/"
+            for kind in kinds:
+                servers[kind] = _asgi_servers.server(kind, cpu, dsn + _PROJECT.get(kind, "0"))
+            for server in servers.values():
+                server.wait_ready()
+            settle = _settler(sink)
+            drive(servers, 1.0, connections, settle)  # warm-up: imports, caches, connections
+            samples: dict[str, list[_load.Sample]] = {name: [] for name in servers}
+            sent: dict[str, int] = dict.fromkeys(servers, 0)
+            for i in range(repeats):
+                if mode == "concurrent":
+                    rounds = [servers]
+                else:
+                    order = list(servers)[i % len(servers) :] + list(servers)[: i % len(servers)]
+                    rounds = [{name: servers[name]} for name in order]
+                for subset in rounds:
+                    first = _asgi_servers.received(sink)
+                    for name, sample in drive(subset, seconds, connections, settle).items():
+                        samples[name].append(sample)
+                    last = _asgi_servers.received(sink)
+                    for name in subset:
+                        project = _PROJECT.get(name, "0")
+                        sent[name] += last.get(project, 0) - first.get(project, 0)
+        finally:
+            for server in servers.values():
+                server.close()
+            sink.close()
+    per_cpu = all(s.cpu is not None for values in samples.values() for s in values)
+    result: dict[str, Any] = {"generator": generator, "per_cpu": per_cpu}
+    for name, values in samples.items():
+        requests = sum(s.requests for s in values)
+        result[name] = {
+            "rate": statistics.median(
+                s.requests / (s.cpu if per_cpu and s.cpu else s.wall) for s in values
+            ),
+            "rps": statistics.median(s.requests / s.wall for s in values),
+            "envelopes": sent[name] / requests if requests else 0.0,
+        }
+    return result
+
+
+def _wait_sink(sink: Process, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sink.get(b"/count")
+            return
+        except OSError:
+            if time.monotonic() > deadline or sink.proc.poll() is not None:
+                raise RuntimeError("the Sentry sink did not start") from None
+            time.sleep(0.1)
 
 
 def measure_direct(calls: int = 5_000, rounds: int = 9) -> dict[str, float]:
@@ -226,7 +152,7 @@ def measure_direct(calls: int = 5_000, rounds: int = 9) -> dict[str, float]:
 
     Stricter than the uvicorn figure: the middleware's cost is not diluted by HTTP parsing.
     """
-    apps = {"plain": _app(False), "protected": _app(True)}
+    apps = {"plain": _asgi_servers.app(False), "protected": _asgi_servers.app(True)}
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
         "scheme": "http", "path": "/json", "raw_path": b"/json", "root_path": "",
@@ -241,10 +167,12 @@ def measure_direct(calls: int = 5_000, rounds: int = 9) -> dict[str, float]:
         pass
 
     async def batch(app: Any) -> float:
-        began = time.perf_counter()
+        # CPU time of this thread, like the servers' figures: what other processes take of the
+        # machine meanwhile is not counted.
+        began = time.thread_time()
         for _ in range(calls):
             await app(dict(scope), receive, send)
-        return (time.perf_counter() - began) / calls * 1e6
+        return (time.thread_time() - began) / calls * 1e6
 
     samples: dict[str, list[float]] = {name: [] for name in apps}
     for i in range(rounds + 1):
@@ -256,25 +184,64 @@ def measure_direct(calls: int = 5_000, rounds: int = 9) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+_LABELS = {
+    "protected": "with CrashOverrideMiddleware",
+    "sentry": "with sentry-sdk, tracing (traces_sample_rate=1.0)",
+    "sentry-errors": "with sentry-sdk, errors only (no tracing)",
+    "both": "with CrashOverrideMiddleware and sentry-sdk (tracing)",
+}
+
+
+def _sentry_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sentry-sdk")
+    except PackageNotFoundError:
+        return "?"
+
+
 def run(
     repeats: int = 7, seconds: float = 2.0, connections: int = 32, mode: str = "concurrent"
 ) -> list[Row]:
-    rps = measure(repeats, seconds, connections, mode)
+    m = measure(repeats, seconds, connections, mode)
     direct = measure_direct()
-    # Expressed as requests per second so that, like the uvicorn row, higher is better.
-    return [
-        row(
-            "uvicorn + Starlette JSON endpoint: with CrashOverrideMiddleware vs without",
-            rps["protected"], "req/s", baseline=rps["plain"], target=TARGET,
-            note=f"{mode}, median of {repeats} x {seconds:g}s, {connections} keep-alive "
-            "connections per server, h11",
-        ),
+    plain = m["plain"]
+    ratios = {name: m[name]["rate"] / plain["rate"] for name in _LABELS}
+    smallest = ratios["protected"] >= max(ratios["sentry"], ratios["sentry-errors"])
+    unit = "req/CPU-s" if m["per_cpu"] else "req/s"
+    how = (
+        f"{m['generator']}{'' if m['generator'] == 'wrk' else ' (wrk not found: a Python client)'}"
+        f", {mode}, median of {repeats} x {seconds:g}s, {connections} connections per server, h11"
+    )
+    rows = []
+    for name, label in _LABELS.items():
+        note = f"{how}; wall req/s {m[name]['rps']:.0f} vs {plain['rps']:.0f}"
+        if name in _SENTRY:
+            note += (
+                f"; sentry-sdk {_sentry_version()}: the sink received "
+                f"{m[name]['envelopes']:.2f} envelopes a request"
+            )
+            if name != "sentry-errors":
+                note += " (one transaction each, less what Sentry dropped under load)"
+        if name == "protected":
+            note += f"; smallest overhead of the peers (sentry rows below): {smallest}"
+        rows.append(
+            row(
+                f"uvicorn + Starlette JSON endpoint: {label} vs without",
+                m[name]["rate"], unit, baseline=plain["rate"],
+                target=TARGET if name == "protected" else "", note=note,
+            )
+        )  # fmt: skip
+    # Expressed as requests per second so that, like the uvicorn rows, higher is better.
+    rows.append(
         row(
             "Starlette JSON endpoint called directly (no server): with middleware vs without",
             1e6 / direct["protected"], "req/s", baseline=1e6 / direct["plain"],
             note="informational: the middleware's cost undiluted by HTTP parsing",
-        ),
-    ]  # fmt: skip
+        )
+    )  # fmt: skip
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -283,21 +250,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--mode", choices=("concurrent", "alternating"), default="concurrent")
-    parser.add_argument("--serve", choices=("plain", "protected"), help=argparse.SUPPRESS)
-    parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.serve:
-        _serve(args.serve, args.fd, args.cpu)
-        return
-    rows = run(args.repeats, args.seconds, args.connections, args.mode)
-    print(format_table(rows))
-    server = rows[0]
-    print(
-        f"\nthrough uvicorn: {server['value']:.0f} req/s with the middleware, "
-        f"{server['baseline']:.0f} req/s without, ratio {server['ratio']:.3f} "
-        f"(target {server['target']})"
+    parser.add_argument(
+        "--kinds",
+        help="comma-separated servers to compare instead of the rows (first: the baseline), "
+        f"from {', '.join(KINDS + _asgi_servers.EXTRA_KINDS)}",
     )
+    args = parser.parse_args(argv)
+    if args.kinds:
+        kinds = tuple(args.kinds.split(","))
+        m = measure(args.repeats, args.seconds, args.connections, args.mode, kinds)
+        for kind in kinds:
+            rate = m[kind]["rate"]
+            print(f"{kind}: {rate:.0f}, ratio {rate / m[kinds[0]]['rate']:.3f} ({m['generator']})")
+        return
+    print(format_table(run(args.repeats, args.seconds, args.connections, args.mode)))
 
 
 if __name__ == "__main__":

@@ -78,6 +78,7 @@ __all__ = [
     "catches",
     "clip",
     "current_unit",
+    "effects_declared",
     "emit",
     "fingerprint",
     "internal_failure",
@@ -139,6 +140,13 @@ class unit_of_work:
                 _effects.closed(self)
             except RecursionError:  # no stack left even for this: the unit is left to its context
                 pass
+
+
+def effects_declared() -> bool:
+    """Whether any effect (``CrashOverride.effect``) was ever declared in this process. Until
+    one is, ``unit_of_work`` opens nothing: an entry point's happy path may skip it, and
+    computing its unit id, altogether."""
+    return _effects.declared
 
 
 async def awarm_up(handler: Handler) -> bool:

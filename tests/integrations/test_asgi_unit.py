@@ -436,6 +436,40 @@ def test_importing_the_middleware_does_not_import_the_sdk() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def test_a_request_is_a_unit_of_work_once_an_effect_is_declared() -> None:
+    # Whether an effect was declared is the process's (it never goes back), hence a fresh
+    # interpreter: before any, the middleware opens no unit (its happy path skips that); after
+    # one, each request is a unit its recovery's replays would consult.
+    code = (
+        "import asyncio\n"
+        "from crashoverride import CrashOverride, integration\n"
+        "from crashoverride.integrations.asgi import CrashOverrideMiddleware\n"
+        "seen = []\n"
+        "async def app(scope, receive, send):\n"
+        "    seen.append(integration.current_unit() is not None)\n"
+        "    await send({'type': 'http.response.start', 'status': 200, 'headers': []})\n"
+        "    await send({'type': 'http.response.body', 'body': b''})\n"
+        "co = CrashOverride()\n"
+        "middleware = CrashOverrideMiddleware(app, crash_override=co)\n"
+        "async def request():\n"
+        "    async def receive():\n"
+        "        return {'type': 'http.request', 'body': b'', 'more_body': False}\n"
+        "    async def send(message):\n"
+        "        pass\n"
+        "    scope = {'type': 'http', 'method': 'GET', 'path': '/', 'headers': []}\n"
+        "    await middleware(scope, receive, send)\n"
+        "before = integration.effects_declared()\n"
+        "asyncio.run(request())\n"
+        "co.effect(print)\n"
+        "asyncio.run(request())\n"
+        "print(before, integration.effects_declared(), seen)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True
+    )
+    assert done.stdout.split() == ["False", "True", "[False,", "True]"]
+
+
 def test_the_runner_is_a_followup_runner() -> None:
     from crashoverride import followups
 

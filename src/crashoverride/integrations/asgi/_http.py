@@ -60,6 +60,9 @@ class Requests:
         self._repair_after_start = repair_after_start
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not integration.effects_declared():  # none in the process: no unit to open
+            await self._unit(scope, receive, send)
+            return
         # The request is a unit of work, its recovery included: replays and a client's retry
         # with the same idempotency key find the declared effects it made (``_units``).
         with integration.unit_of_work(self.handler, unit_id(scope, self._idempotency)):
