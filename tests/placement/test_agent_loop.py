@@ -154,7 +154,7 @@ async def test_a_cancelled_recovery_leaves_no_task_on_either_loop(stuck: str) ->
             tg.cancel_scope.cancel()
     assert not scope.cancelled_caught  # cancelled by us, once the stuck point was reached
     with anyio.fail_after(5):
-        while agent_loop_tasks() or {t for t in asyncio.all_tasks() if not t.done()} - before:
+        while agent_loop_tasks() or {t for t in asyncio.all_tasks() if not t.done()} - before:  # noqa: ASYNC110 (polled: tasks end on two loops)
             await anyio.sleep(0.01)
 
 
