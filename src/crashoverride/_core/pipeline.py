@@ -38,6 +38,7 @@ from crashoverride._placement.bridge import Dispatch, Job, Placement
 # A failure raised where a recovery's agent code runs is part of that recovery's work (a
 # verification call, say) and never starts or waits for another.
 from crashoverride._placement.inside import INSIDE
+from crashoverride._placement.lane import lane
 from crashoverride._placement.owner_thread import drive
 from crashoverride._repair import journal, recipes, watch
 from crashoverride._security.verdict import judge, reason
@@ -153,7 +154,8 @@ async def _steps(
             await _agent.import_sdk_async()  # seconds, the first time: never on an app's loop
         except ImportError:
             pass  # the agent run reports it, as it does on every other placement
-    job = await call(rec.prepare)
+    async with lane():  # the heavy part of a start, one failure at a time on the loop
+        job = await call(rec.prepare)
     assert isinstance(job, _agent.AgentJob)  # the placement hands values back as ``object``
     check = rec.block.check if rec.block is not None else None
 
