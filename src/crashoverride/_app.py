@@ -321,7 +321,7 @@ class CrashOverride:
 
     async def awarm_up(self) -> None:
         """``warm_up`` for async apps (e.g. at lifespan startup): imports in a worker thread."""
-        from crashoverride._placement.bridge import in_daemon_thread
+        from crashoverride._placement.waiting import in_daemon_thread
 
         self._limits().coordination.start()
         await in_daemon_thread(_import_machinery)

@@ -126,16 +126,55 @@ async def test_no_client_is_built_on_the_application_loop(built: Built, anyio_ba
         assert built.all_closed()  # each worker thread's loop closed its client as it ended
 
 
-def test_clients_of_a_loop_are_closed_when_the_loop_shuts_down(built: Built) -> None:
-    with MockServer(_runs(2), keep_alive=True) as server:
-        co = _app(server)
+AGENT_LOOP_CLIENT = """
+import atexit, asyncio, json, sys
+from openai import AsyncOpenAI
 
-        async def main() -> list[Any]:
-            return [await _recover_async(co), await _recover_async(co)]
+built = []
+original = AsyncOpenAI.__init__
 
-        assert asyncio.run(main()) == [42, 42]
-        assert len(built) == 1
-        assert built.all_closed()  # asyncio.run's shutdown closed it, with its live connection
+def recording(self, *args, **kwargs):
+    built.append(self)
+    original(self, *args, **kwargs)
+
+AsyncOpenAI.__init__ = recording
+# Registered before crashoverride stops its agent loop at exit, so it runs after that.
+atexit.register(lambda: print(json.dumps({"closed_at_exit": [c.is_closed() for c in built]})))
+
+from crashoverride import CrashOverride
+from crashoverride.testing import MockServer, done, exec_python
+
+server = MockServer([exec_python("caller['value'] = 42"), done()] * 2, keep_alive=True)
+server.start()
+co = CrashOverride(model="m", base_url=server.base_url, api_key="sk-local")
+
+async def main():
+    value = None
+    async with co.handler(prompt="Leave `value` set to 42."):
+        raise LookupError("value")
+    return value
+
+# Two application loops, one after the other (a test runner, a CLI): one client for both.
+values = [asyncio.run(main()), asyncio.run(main())]
+print(json.dumps({"values": values, "built": len(built),
+                  "open_between": [not c.is_closed() for c in built]}))
+"""
+
+
+@pytest.mark.slow
+def test_the_agent_loop_keeps_one_client_for_the_process_and_closes_it_at_exit() -> None:
+    # The running-loop placement's sessions run on the process's agent loop: its client serves
+    # every application loop's recoveries, and is closed, with its live connection, at exit.
+    out = subprocess.run(
+        [sys.executable, "-W", "error", "-c", AGENT_LOOP_CLIENT],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert lines == [
+        {"values": [42, 42], "built": 1, "open_between": [True]},
+        {"closed_at_exit": [True]},
+    ], out.stderr
 
 
 def test_sync_recoveries_on_temporary_loops_close_their_clients_and_share_certificates(

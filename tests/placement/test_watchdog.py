@@ -13,7 +13,8 @@ import anyio
 import pytest
 
 from crashoverride import CrashOverride
-from crashoverride._agent.namespace import AgentExit, Workspace
+from crashoverride._agent.namespace import Workspace
+from crashoverride._agent.state import AgentExit
 from crashoverride._placement.watchdog import Preempted, guard
 from crashoverride.testing import done, exec_python, script
 

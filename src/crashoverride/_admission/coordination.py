@@ -74,9 +74,8 @@ class InProcess:
         rec.flight, rec.leading = self.limits.flights.join(rec.fingerprint)
         if rec.leading:
             return LEAD
-        from crashoverride._placement.bridge import (
-            wait_future,  # anyio: only once a recovery is admitted
-        )
+        # anyio: only once a recovery is admitted
+        from crashoverride._placement.waiting import wait_future
 
         began = time.monotonic()
         await wait_future(rec.flight.done)

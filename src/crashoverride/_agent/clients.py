@@ -14,7 +14,8 @@ one suspended async generator registered with the loop, and ``asyncio.run`` and
 ``asyncio.Runner`` (uvicorn, anyio, the bridge's worker-thread loops) close all such generators
 before closing the loop (``loop.shutdown_asyncgens``); its ``finally`` closes the clients.
 So a worker thread's loop (the sync ``with`` path, the trio placement) closes its client
-when the recovery's loop ends, and the application's loop keeps one client for its lifetime.
+when the recovery's loop ends, and the process's agent loop (``_placement.agent_loop``, where
+async recoveries on asyncio run their SDK sessions) keeps one client for the process's lifetime.
 A loop that cannot report its end this way gets a client per run, closed by that run.
 
 Work moved to a thread still slows the loop while it runs: it competes for the GIL (CA

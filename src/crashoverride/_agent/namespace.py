@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from types import CodeType
 from typing import Any
 
+from crashoverride._agent.state import AgentExit
 from crashoverride._placement.frames import CallerLocals
 from crashoverride._security.gate import (
     ForgedSignal,
@@ -27,18 +28,6 @@ from crashoverride._security.gate import (
 
 _VALUE = "__crashoverride_value__"
 _HOIST = "__crashoverride_hoist__"
-
-
-class AgentExit(Exception):
-    """Agent code called ``sys.exit()``: a recovery never exits the process; it ends instead."""
-
-
-class AgentInterrupted(AgentExit):
-    """Agent code raised ``KeyboardInterrupt``: the run ends; the entry point re-raises it."""
-
-    def __init__(self, interrupt: KeyboardInterrupt) -> None:
-        super().__init__("agent code raised KeyboardInterrupt")
-        self.interrupt = interrupt
 
 
 def _with_hoisted_imports(body: list[ast.stmt]) -> list[ast.stmt]:

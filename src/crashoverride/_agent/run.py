@@ -17,10 +17,10 @@ from typing import Any
 
 from crashoverride._agent import clients
 from crashoverride._agent.clients import Lease
-from crashoverride._agent.namespace import AgentExit, Workspace
+from crashoverride._agent.namespace import Workspace
 from crashoverride._agent.prompt import Fence
 from crashoverride._agent.sdk_tools import agent_tools, tool_failure
-from crashoverride._agent.state import AgentRun, RunState
+from crashoverride._agent.state import AgentExit, AgentRun, RunState
 from crashoverride._agent.toolbox import BY_NAME, EXTERNAL_MODES
 from crashoverride._config.settings import Settings
 from crashoverride._observe.report import Usage
@@ -113,7 +113,7 @@ async def import_sdk_async() -> None:
             threading.Thread(
                 target=_import_into, args=(future,), name="crashoverride-import", daemon=True
             ).start()
-    from crashoverride._placement.bridge import wait_future
+    from crashoverride._placement.waiting import wait_future
 
     await wait_future(future)
     future.result()
@@ -193,8 +193,14 @@ def _job_tools(job: AgentJob) -> list[Any]:
     ]
 
 
-async def run_agent(job: AgentJob, dispatch: Dispatch) -> AgentRun:
-    """Run the agent to its end; never raises except for cancellation."""
+async def run_agent(
+    job: AgentJob, dispatch: Dispatch, tools_at: Dispatch | None = None
+) -> AgentRun:
+    """Run the agent to its end; never raises except for cancellation.
+
+    ``dispatch`` runs agent code as the owner of the failed frame; ``tools_at`` runs the
+    application's tools and MCP calls where they belong (the application's loop, when the
+    session runs off it), None: on this loop."""
     run = AgentRun()
     try:
         from agents import ToolsToFinalOutputResult
@@ -208,7 +214,7 @@ async def run_agent(job: AgentJob, dispatch: Dispatch) -> AgentRun:
 
     leases: list[Lease] = []
     try:
-        return await _run(job, dispatch, run, leases, stop_when_ended)
+        return await _run(job, dispatch, tools_at, run, leases, stop_when_ended)
     finally:
         # Whatever ended the run (cancellation included): cached clients go back to their
         # loop's cache, and a client this run owns is closed before its loop can end.
@@ -216,14 +222,19 @@ async def run_agent(job: AgentJob, dispatch: Dispatch) -> AgentRun:
 
 
 async def _run(
-    job: AgentJob, dispatch: Dispatch, run: AgentRun, leases: list[Lease], stop: Any
+    job: AgentJob,
+    dispatch: Dispatch,
+    tools_at: Dispatch | None,
+    run: AgentRun,
+    leases: list[Lease],
+    stop: Any,
 ) -> AgentRun:
     from agents import Agent, MaxTurnsExceeded, RunConfig, Runner
 
     settings = job.settings
     await clients.prepare_async()  # at once when the warm-up or the import did it
     try:
-        gate = Gate(job, dispatch)
+        gate = Gate(job, dispatch, tools_at)
         builtin = agent_tools(job, gate)
         # Diagnose mode: no tool the application brings (see ``_agent.toolbox.EXTERNAL_MODES``).
         external = job.mode in EXTERNAL_MODES

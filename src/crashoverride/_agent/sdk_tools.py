@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from crashoverride._agent.namespace import AgentExit, AgentInterrupted, Workspace
+from crashoverride._agent.namespace import Workspace
 from crashoverride._agent.toolbox import Outcome, Tool, offered
 from crashoverride._security.audit import ApprovalRequest
 from crashoverride._security.gate import Gate, tool_failure
@@ -60,12 +60,10 @@ class _Bound:
         try:
             value = await self._gate.dispatch(lambda: work(ws))
             return describe_result(value, ws.take_output()), True
-        except AgentExit as exc:
-            state.aborted = str(exc)
-            if isinstance(exc, AgentInterrupted):
-                state.interrupted = exc.interrupt
-            return f"{exc}; the recovery is over (a recovery never exits the process).", False
         except Exception as exc:
+            ended = state.ended_by(exc)
+            if ended is not None:
+                return ended, False
             printed = ws.take_output()
             error = format_tool_error(exc, ws.error)
             return (clip(printed, 2_000) + "\n" if printed else "") + error, False

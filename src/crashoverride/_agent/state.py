@@ -7,6 +7,19 @@ from typing import Any
 from crashoverride._observe.report import Usage
 from crashoverride._security.audit import ToolCallRecord
 
+
+class AgentExit(Exception):
+    """Agent code called ``sys.exit()``: a recovery never exits the process; it ends instead."""
+
+
+class AgentInterrupted(AgentExit):
+    """Agent code raised ``KeyboardInterrupt``: the run ends; the entry point re-raises it."""
+
+    def __init__(self, interrupt: KeyboardInterrupt) -> None:
+        super().__init__("agent code raised KeyboardInterrupt")
+        self.interrupt = interrupt
+
+
 NO_RESULT: Any = object()
 
 
@@ -47,6 +60,16 @@ class RunState:
             or self.aborted is not None
             or self.interrupted is not None
         )
+
+    def ended_by(self, exc: Exception) -> str | None:
+        """If agent code's ``exc`` ends the run (``sys.exit()``, ``KeyboardInterrupt``), record
+        it and say so to the model; None for an ordinary failure."""
+        if not isinstance(exc, AgentExit):
+            return None
+        self.aborted = str(exc)
+        if isinstance(exc, AgentInterrupted):
+            self.interrupted = exc.interrupt
+        return f"{exc}; the recovery is over (a recovery never exits the process)."
 
     # Namespace helpers: plain functions the agent calls from exec_python.
 

@@ -10,6 +10,7 @@ the refusal's event goes to a structlog that is already loaded, else nowhere
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from crashoverride._admission.credentials import missing_credentials
@@ -19,6 +20,7 @@ from crashoverride._core.block import Block
 from crashoverride._core.recovery import Decision, Recovery, internal_failure
 from crashoverride._core.seen import mark, seen
 from crashoverride._observe import events
+from crashoverride._placement.lane import lane
 from crashoverride._placement.offloop import load
 from crashoverride._security.notes import redactor_of
 
@@ -60,7 +62,7 @@ def admit(rec: Record[C]) -> C | None:
 
 
 def _start(
-    app: App, settings: Settings, exc: BaseException, block: Block
+    app: App, settings: Settings, exc: BaseException, block: Block, began: float | None = None
 ) -> Recovery | Decision | None:
     """The admitted record; or the ``Decision`` that ends the recovery here; or None (let
     ``exc`` propagate as it is)."""
@@ -73,7 +75,7 @@ def _start(
     # so this failure is recovered afresh, against the old code (never replayed through it).
     watch.observe(exc)
     try:
-        rec = Recovery(settings, app._limits(), exc, block, app._run_followup)
+        rec = Recovery(settings, app._limits(), exc, block, app._run_followup, began)
     except Exception as problem:
         internal_failure(exc, problem, redactor_of(lambda: settings))
         return None
@@ -94,7 +96,9 @@ async def recover_async(
     app: App, settings: Settings, exc: BaseException, block: Block
 ) -> Decision | None:
     """Recover from async code on any anyio backend. None: let ``exc`` propagate as it is."""
-    rec = _start(app, settings, exc, block)
+    began = time.monotonic()  # the budget starts now, the wait for the lane included
+    async with lane():  # one failure's heavy start at a time on the loop (``_placement.lane``)
+        rec = _start(app, settings, exc, block, began)
     if not isinstance(rec, Recovery):
         return rec
     try:

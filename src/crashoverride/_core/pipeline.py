@@ -26,18 +26,19 @@ import anyio
 import structlog  # noqa: F401  (a recovery that runs emits: async callers load it off the loop)
 
 from crashoverride._agent import run as _agent
-from crashoverride._agent.namespace import AgentInterrupted
+from crashoverride._agent.state import AgentInterrupted
 from crashoverride._core.block import Check
 from crashoverride._core.record import Record
 from crashoverride._core.recovery import Decision, Recovery, internal_failure
 from crashoverride._effects import journal as effects
 from crashoverride._observe import events
-from crashoverride._placement import bridge
+from crashoverride._placement import bridge, waiting
 from crashoverride._placement.bridge import Dispatch, Job, Placement
 
 # A failure raised where a recovery's agent code runs is part of that recovery's work (a
 # verification call, say) and never starts or waits for another.
 from crashoverride._placement.inside import INSIDE
+from crashoverride._placement.lane import lane
 from crashoverride._placement.owner_thread import drive
 from crashoverride._repair import journal, recipes, watch
 from crashoverride._security.verdict import judge, reason
@@ -153,7 +154,8 @@ async def _steps(
             await _agent.import_sdk_async()  # seconds, the first time: never on an app's loop
         except ImportError:
             pass  # the agent run reports it, as it does on every other placement
-    job = await call(rec.prepare)
+    async with lane():  # the heavy part of a start, one failure at a time on the loop
+        job = await call(rec.prepare)
     assert isinstance(job, _agent.AgentJob)  # the placement hands values back as ``object``
     check = rec.block.check if rec.block is not None else None
 
@@ -167,8 +169,10 @@ async def _steps(
             return replayed
     rec.started(place.name)
     # 5. the agent run; its code runs as the owner, through the placement
-    run_ = await place.run_session(lambda dispatch: _agent.run_agent(job, dispatch), agent_call,
-                                   rec.deadline)  # fmt: skip
+    run_ = await place.run_session(
+        lambda dispatch, tools_at: _agent.run_agent(job, dispatch, tools_at), agent_call,
+        rec.deadline,
+    )  # fmt: skip
     # 6. verdict: the block's evidence, judged in the owner's context
     verdict: str | None = None
     if run_.failure is None and not rec.state.stopped and rec.settings.mode == "repair":
@@ -224,7 +228,7 @@ class _Coordination:
         began = time.monotonic()
         acquired = False
         try:
-            acquired = await bridge.wait_within(slot, settings.concurrency_wait)
+            acquired = await waiting.wait_within(slot, settings.concurrency_wait)
         finally:
             if acquired:
                 rec.slot = slot

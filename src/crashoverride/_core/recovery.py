@@ -93,6 +93,7 @@ class Recovery:
         exc: BaseException,
         block: Block,
         run_followup: Run,
+        began: float | None = None,
     ) -> None:
         self.settings = settings
         # How a follow-up this recovery asks for runs (``_core.followup.run_job``, handed in by
@@ -103,7 +104,7 @@ class Recovery:
         self.block: Block | None = block
         # The unit of work the failed code ran in; the recovery's own when it ran in none.
         self.unit = block.unit if block.unit is not None else Unit()
-        self.deadline = Deadline(settings.timeout)
+        self.deadline = Deadline(settings.timeout, began)
         self.id = "rec_" + os.urandom(6).hex()
         self.fingerprint = fingerprint(exc)
         self.started_at = time.time()

@@ -3,7 +3,7 @@
 A ``redis.asyncio`` client belongs to the event loop it was created on, but recoveries run on
 the application's loops, on trio, and on the fresh loop of each synchronous recovery. So the
 client lives on a loop of its own, in a daemon thread started at the first failure (never on
-the happy path), and every operation is sent there and awaited as a future (``_placement.bridge``),
+the happy path), and every operation is sent there and awaited as a future (``_placement.waiting``),
 which works on asyncio and trio alike and stays cancellable by the recovery's deadline. After a
 ``fork`` (Celery prefork, gunicorn) the child starts its own thread and client.
 
@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from crashoverride._config.coordination import RedisCoordination
-from crashoverride._placement import bridge
+from crashoverride._placement import waiting
 
 T = TypeVar("T")
 Future = concurrent.futures.Future
@@ -225,7 +225,7 @@ class Link:
             bound = self.option.op_timeout
         future = self.submit(operation, bound)
         try:
-            await bridge.wait_future(future)
+            await waiting.wait_future(future)
         finally:
             if not future.done():  # cancelled (the recovery's deadline): stop it over there too
                 future.cancel()

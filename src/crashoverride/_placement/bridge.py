@@ -4,8 +4,10 @@ The Agents SDK is asyncio-only, but agent code (snippets, approvals, checks, rep
 on the thread that owns the failed frame, with its context variables. One contract, three
 placements:
 
-* ``running-loop`` (``async with`` on asyncio): the pipeline runs in the caller's task; the agent
-  gets a task of its own on the same loop; agent code runs inline on the loop.
+* ``running-loop`` (``async with`` on asyncio): the pipeline runs in the caller's task; the SDK
+  session runs on the process's agent loop, in a thread of its own (``_placement.agent_loop``),
+  so its orchestration never stalls the application's loop; each piece of agent code comes
+  back to the application's loop and runs there, in the caller's context variables.
 * ``worker-thread-hop`` (``async with`` on trio or another anyio backend): the pipeline runs in
   the caller's task; the agent runs on an asyncio loop in a worker thread; each piece of agent
   code hops back to the owner's loop (``anyio.from_thread``).
@@ -32,20 +34,21 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
+from crashoverride._placement import agent_loop
 from crashoverride._placement.deadline import Deadline
 from crashoverride._placement.inside import INSIDE
+from crashoverride._placement.waiting import wait_future
 
 T = TypeVar("T")
 Job = Callable[[], object]  # agent code, a check, a replay: run as the owner of the frame
 Dispatch = Callable[[Job], Awaitable[object]]
-Session = Callable[[Dispatch], Coroutine[Any, Any, T]]
+# A session gets two ways to reach the application: ``dispatch`` for agent code, and where the
+# application's tools (SDK function tools: asyncio code) run, None meaning the session's loop.
+Session = Callable[[Dispatch, Dispatch | None], Coroutine[Any, Any, T]]
 
 # How long an owner that stops waiting (deadline, interrupt) lets a cancelled agent thread wind
 # down before leaving it behind (a daemon thread; it ends when its blocking call returns).
 JOIN = 0.1
-# Agent tasks left running past the deadline (stuck in a thread the SDK waits for): held here
-# until they end, so none is destroyed pending and every result is retrieved.
-_DETACHED: set[asyncio.Task[Any]] = set()
 
 
 def loop_running_here() -> bool:
@@ -82,69 +85,6 @@ async def run_job(job: Job) -> object:
     if isawaitable(value):
         value = await value
     return value
-
-
-# ----------------------------------------------------------------------------------- waiting
-
-
-def _wake_soon(token: anyio.lowlevel.EventLoopToken, fn: Callable[[], None]) -> None:
-    native = token.native_token
-    try:
-        if isinstance(native, asyncio.AbstractEventLoop):
-            native.call_soon_threadsafe(fn)
-        else:  # trio's TrioToken
-            native.run_sync_soon(fn)  # type: ignore[attr-defined]
-    except Exception:  # the loop is gone; nobody is waiting any more
-        pass
-
-
-async def wait_future(future: concurrent.futures.Future[Any]) -> None:
-    """Wait, on any anyio backend, for a future completed by any thread. Cancellable."""
-    if future.done():
-        return
-    token = anyio.lowlevel.current_token()
-    event = anyio.Event()
-    owner = threading.get_ident()
-
-    def wake(_: concurrent.futures.Future[Any]) -> None:
-        if threading.get_ident() == owner:
-            event.set()
-        else:
-            _wake_soon(token, event.set)
-
-    future.add_done_callback(wake)
-    await event.wait()
-
-
-async def wait_within(future: concurrent.futures.Future[Any], seconds: float) -> bool:
-    """``wait_future`` for at most ``seconds``; whether the future is done."""
-    with anyio.move_on_after(seconds):
-        await wait_future(future)
-    return future.done()
-
-
-async def in_daemon_thread(fn: Callable[[], T]) -> T:
-    """Run blocking ``fn`` in a fresh daemon thread and wait for it, on any anyio backend.
-
-    Used instead of ``anyio.to_thread`` for one-off work such as importing the SDK: anyio's
-    pooled worker threads are not daemons and are tied to a root task, and a loop that closes
-    without finishing that task (test runners, servers in threads) leaves them blocking exit.
-    Cancelling the wait abandons ``fn``, which finishes on its own.
-    """
-    future: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-    def work() -> None:
-        try:
-            future.set_result(fn())
-        except Exception as exc:  # forwarded to the waiting task, which re-raises it
-            future.set_exception(exc)
-        finally:
-            if not future.done():  # an exit or interrupt in this thread: never leave it waiting
-                future.set_exception(RuntimeError(f"{fn!r} ended without returning"))
-
-    threading.Thread(target=work, name="crashoverride-worker", daemon=True).start()
-    await wait_future(future)
-    return future.result()
 
 
 # ------------------------------------------------------------------------------ agent thread
@@ -202,17 +142,13 @@ class AgentThread:
             loop, task = self._loop, self._task
         if loop is not None and task is not None:
             try:
-                # Delivered one iteration late, for the reason given in ``_in_own_task``.
-                loop.call_soon_threadsafe(_cancel_next_iteration, loop, task)
+                # Delivered late, for the reason ``cancel_soon`` gives.
+                loop.call_soon_threadsafe(agent_loop.cancel_soon, loop, task)
             except RuntimeError:  # loop already closed: the thread is finishing
                 pass
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
-
-
-def _cancel_next_iteration(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
-    loop.call_soon(task.cancel)
 
 
 # -------------------------------------------------------------------------------- placements
@@ -228,42 +164,35 @@ class Placement:
         return await run_job(job)
 
     async def run_session(self, session: Session[T], dispatch: Dispatch, deadline: Deadline) -> T:
-        """Run the SDK session on an asyncio loop; ``dispatch`` sends agent code to ``call``."""
-        return await _in_own_task(session, dispatch, deadline)
+        """Run the SDK session on the process's agent loop (``_placement.agent_loop``), off the
+        application's loop; ``dispatch`` brings agent code back here, where the frame lives."""
+        home = asyncio.get_running_loop()
+        # Agent code running here for the session, so ending the recovery ends it too.
+        jobs: set[asyncio.Task[Any]] = set()
+
+        async def back(job: Job) -> object:  # on the agent loop
+            future = asyncio.run_coroutine_threadsafe(_at_home(dispatch, job, jobs), home)
+            return await asyncio.wrap_future(future)
+
+        try:
+            # The application's tools and MCP servers belong to its loop: they come back too.
+            return await agent_loop.run_session(lambda: session(back, back), deadline)
+        finally:
+            if jobs:
+                for task in jobs:
+                    task.cancel()
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait(jobs, timeout=max(0.05, deadline.hard - time.monotonic()))
 
 
-async def _in_own_task(session: Session[T], dispatch: Dispatch, deadline: Deadline) -> T:
-    # The SDK handles cancellation of its tool tasks itself and may re-raise a fresh
-    # CancelledError, which would confuse the caller's cancel scopes (anyio's, TaskGroup's).
-    # So the agent gets its own task: when the caller is cancelled (the deadline's scope, the
-    # server), the agent task is cancelled and settled, and the caller's own cancellation
-    # propagates unchanged.
-    task = asyncio.get_running_loop().create_task(session(dispatch))
+async def _at_home(dispatch: Dispatch, job: Job, jobs: set[asyncio.Task[Any]]) -> object:
+    task = asyncio.current_task()
+    assert task is not None  # run_coroutine_threadsafe runs it as a task
+    jobs.add(task)
     try:
-        await asyncio.wait([task])
+        return await dispatch(job)
     finally:
-        if not task.done():
-            with anyio.CancelScope(shield=True):
-                # One loop iteration first: a task the SDK has just created (its model turn)
-                # takes its first step, so cancelling it never drops a coroutine unstarted
-                # ("coroutine 'run_single_turn' was never awaited").
-                await asyncio.sleep(0)
-            task.cancel()
-            with anyio.CancelScope(shield=True):
-                # Bounded: a tool blocked in a worker thread keeps the SDK waiting for it.
-                await asyncio.wait([task], timeout=max(0.05, deadline.hard - time.monotonic()))
-            if not task.done():
-                _DETACHED.add(task)
-                task.add_done_callback(_forget)
-    if task.cancelled():
-        raise RuntimeError("the agent run was cancelled from inside")
-    return task.result()
-
-
-def _forget(task: asyncio.Task[Any]) -> None:
-    _DETACHED.discard(task)
-    if not task.cancelled():
-        task.exception()  # retrieved: never "exception was never retrieved"
+        jobs.discard(task)
 
 
 class Hop(Placement):
@@ -297,7 +226,8 @@ class Hop(Placement):
         async def hop(job: Job) -> object:
             return await asyncio.to_thread(in_owner, job)
 
-        worker = AgentThread(lambda: session(hop))
+        # Tools stay on the agent's asyncio loop: the SDK's tool wrappers are asyncio code.
+        worker = AgentThread(lambda: session(hop, None))
         worker.start()
         try:
             await wait_future(worker.done)

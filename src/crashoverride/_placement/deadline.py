@@ -20,9 +20,10 @@ class Deadline:
 
     __slots__ = ("at", "timeout")
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, began: float | None = None) -> None:
+        """``began``: when the budget started (``time.monotonic()``), if before now."""
         self.timeout = timeout
-        self.at = time.monotonic() + timeout
+        self.at = (time.monotonic() if began is None else began) + timeout
 
     def remaining(self) -> float:
         return max(0.0, self.at - time.monotonic())

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import CodeType
-from typing import Any, Final, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
 from crashoverride._placement.bridge import Dispatch
 from crashoverride._placement.watchdog import Preempted
@@ -33,6 +33,8 @@ from crashoverride._security.audit import ApprovalRequest, Approver, ToolCallRec
 from crashoverride._security.redact import Redacted, clip
 from crashoverride._security.text import format_tool_error, render_value
 from crashoverride._security.verdict import judge, raised
+
+T = TypeVar("T")
 
 NOT_REQUIRED: Final = "not required (no approve= configured)"
 _PLAIN_NO: Final = "denied"  # an approver's no without a reason of its own: "denied by <name>"
@@ -61,6 +63,9 @@ class Ran(NamedTuple):
 class _Trail(Protocol):
     @property
     def records(self) -> list[ToolCallRecord]: ...
+
+    # Whether agent code's exception ends the run (an exit, an interrupt), and the model's word.
+    def ended_by(self, exc: Exception) -> str | None: ...
 
 
 class Audited(Protocol):
@@ -92,10 +97,19 @@ def tool_failure(_: Any, error: Exception) -> str:
 class Gate:
     """The gate of one agent run: approval, the order of calls, the audit trail."""
 
-    def __init__(self, job: Audited, dispatch: Dispatch) -> None:
+    def __init__(self, job: Audited, dispatch: Dispatch, tools_at: Dispatch | None = None) -> None:
         self.job = job
         self.dispatch = dispatch
+        self._tools_at = tools_at
         self.serial = asyncio.Lock()
+
+    async def application(self, work: Callable[[], Awaitable[T]]) -> T:
+        """Await the application's SDK-side code (a tool's invocation, an MCP listing, an
+        ``on_handoff``) where it belongs: on the application's loop when the session runs off
+        it (an exit or interrupt there ends the run: ``state.ended_by``), else here."""
+        if self._tools_at is None:
+            return await work()
+        return await self._tools_at(work)  # type: ignore[return-value]
 
     async def approval(self, call: ApprovalRequest) -> tuple[bool, str]:
         """(allowed, who/why) for one call; runs ``approve`` in the owner's context.
@@ -238,6 +252,9 @@ class _Outside:
 
     def fence(self, text: str, label: str) -> str:
         return text
+
+    def ended_by(self, exc: Exception) -> str | None:
+        return None  # no run to end: agent-derived code outside a run fails as it is
 
     def on_tool(self, record: ToolCallRecord) -> None:
         self._owner.audit(record)

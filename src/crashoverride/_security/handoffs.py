@@ -53,9 +53,10 @@ def gated(tool: Any, gate: Gate, source: str) -> Any:
     async def on_invoke(ctx: Any, text: str) -> Any:
         async def execute() -> tuple[Any, bool]:
             try:
-                return await invoke(ctx, text), True
+                return await gate.application(lambda: invoke(ctx, text)), True
             except Exception as exc:
-                return tool_failure(ctx, exc), False
+                ended = gate.job.state.ended_by(exc)  # the tool exited or was interrupted
+                return (ended, False) if ended is not None else (tool_failure(ctx, exc), False)
 
         return await gate.call(ApprovalRequest.of_json(name, text, source), execute)
 
@@ -112,7 +113,9 @@ async def _gated_agent(
         if agent.mcp_servers:
             from agents import RunContextWrapper
 
-            listed = await agent.get_mcp_tools(RunContextWrapper(context=None))
+            # Asked where the application connected them (its loop), like their calls.
+            listing = agent.get_mcp_tools
+            listed: Any = await gate.application(lambda: listing(RunContextWrapper(context=None)))
             others += [(tool, "mcp") for tool in listed]
         tools += [gated(tool, gate, origin) for tool, origin in others]
     clone = made[id(agent)] = agent.clone(tools=tools, mcp_servers=[], handoffs=[])
@@ -144,7 +147,9 @@ async def _handed(target: Any, ours: set[int], gate: Gate, made: dict[int, Any])
         choose = target.on_invoke_handoff
 
         async def pick(ctx: Any, text: str) -> Any:
-            return await _gated_agent(await choose(ctx, text), ours, gate, True, "handoff", made)
+            # ``on_handoff`` is the application's code: it runs where its tools run.
+            chosen = await gate.application(lambda: choose(ctx, text))
+            return await _gated_agent(chosen, ours, gate, True, "handoff", made)
 
     else:
         raise TypeError(f"the handoff {target!r} is neither an Agent nor a Handoff")

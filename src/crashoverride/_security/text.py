@@ -69,9 +69,12 @@ def describe_exception(exc: BaseException) -> str:
 def format_traceback(exc: BaseException, tb: TracebackType | None = None) -> str:
     """Format ``exc`` with its chain, keeping the head and tail of very deep stacks."""
     try:
+        # Lines are looked up when formatted, not checked against their files first (a stat
+        # per file: on a loop a thread is busy on, each is a wait for the GIL).
         te = traceback.TracebackException(
-            type(exc), exc, tb if tb is not None else exc.__traceback__, compact=True
-        )
+            type(exc), exc, tb if tb is not None else exc.__traceback__, compact=True,
+            lookup_lines=False,
+        )  # fmt: skip
         for item in _chain(te):
             stack = item.stack
             if len(stack) > _HEAD_FRAMES + _TAIL_FRAMES:

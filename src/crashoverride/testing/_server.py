@@ -124,7 +124,7 @@ class MockServer:
         return self.start()
 
     async def __aexit__(self, *_: object) -> None:
-        from crashoverride._placement.bridge import in_daemon_thread
+        from crashoverride._placement.waiting import in_daemon_thread
 
         # shutdown() waits for the serve loop's next poll: keep that off the event loop.
         await in_daemon_thread(self.close)
