@@ -14,6 +14,7 @@ from pathlib import Path
 from benchmarks._common import Row, format_table
 
 MODULES = [
+    "benchmarks.bench_cold_demo",  # a fresh clone's `make demo`: the newcomer's first command
     "benchmarks.bench_import",
     "benchmarks.bench_happy",
     "benchmarks.bench_peers",
