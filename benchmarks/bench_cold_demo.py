@@ -33,9 +33,7 @@ def sample() -> tuple[float, str]:
     """One cold ``make demo``: (seconds, the demo's last line)."""
     with tempfile.TemporaryDirectory(prefix="bench-cold-demo-") as tmp:
         clone = Path(tmp) / "clone"
-        subprocess.run(
-            ["git", "clone", "-q", "--no-hardlinks", str(_ROOT), str(clone)], check=True
-        )
+        subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(_ROOT), str(clone)], check=True)
         env = {
             **os.environ,
             "UV_CACHE_DIR": f"{tmp}/uv-cache",
