@@ -367,3 +367,22 @@ def test_trial_timeout_and_handing_a_trial_back(clock: FakeClock) -> None:
     assert again.skip is None and again.trial and again.trial != trial.trial
     breaker.abandon("f", trial.trial)  # a stale hand-back does not free the new trial
     assert breaker.check("f") is not None
+
+
+def test_a_failure_raised_during_a_flight_that_joins_after_it_landed_gets_its_answer() -> None:
+    # A burst's failures pass the loop's lane one at a time: one raised while the leader ran
+    # may reach the join after the leader landed. It is the leader's to answer, not a new run;
+    # a failure raised after the landing starts a new flight.
+    from crashoverride._admission.limits import SingleFlight
+
+    flights = SingleFlight()
+    raised_during = time.monotonic()
+    leader, leads = flights.join("fp", raised_during)
+    assert leads
+    flights.land(leader, True)
+    late, leads_late = flights.join("fp", raised_during)
+    assert late is leader and not leads_late and late.done.result() is True
+    fresh, leads_fresh = flights.join("fp", time.monotonic())
+    assert fresh is not leader and leads_fresh
+    unknown, leads_unknown = flights.join("other", raised_during)
+    assert leads_unknown and unknown is not leader

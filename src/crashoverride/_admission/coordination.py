@@ -71,7 +71,7 @@ class InProcess:
         return self.limits.breaker.admit(rec.fingerprint)
 
     async def join(self, rec: Recovery, call: Dispatch) -> Joined:
-        rec.flight, rec.leading = self.limits.flights.join(rec.fingerprint)
+        rec.flight, rec.leading = self.limits.flights.join(rec.fingerprint, rec.began)
         if rec.leading:
             return LEAD
         # anyio: only once a recovery is admitted

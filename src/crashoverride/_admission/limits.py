@@ -78,26 +78,47 @@ class Flight:
         self.done: Future[bool] = Future()
 
 
+# How long a landed flight still answers failures raised while it was in the air.
+LANDED_FOR = 60.0
+
+
 class SingleFlight:
     """At most one recovery per fingerprint at a time."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._flights: dict[str, Flight] = {}
+        # The last landed flight per fingerprint, and when (``time.monotonic()``): a failure
+        # raised while it was in the air that reaches ``join`` only after it landed (it waited
+        # behind others for the loop's lane, ``_placement.lane``) is still its to answer.
+        self._landed: dict[str, tuple[Flight, float]] = {}
 
-    def join(self, fingerprint: str) -> tuple[Flight, bool]:
-        """Return the flight for ``fingerprint`` and whether the caller leads it."""
+    def join(self, fingerprint: str, raised_at: float | None = None) -> tuple[Flight, bool]:
+        """Return the flight for ``fingerprint`` and whether the caller leads it.
+
+        ``raised_at``: when the failure happened (``time.monotonic()``); a flight that landed
+        since then is joined (already done) instead of starting another.
+        """
         with self._lock:
             flight = self._flights.get(fingerprint)
             if flight is not None:
                 return flight, False
+            landed = self._landed.get(fingerprint)
+            if landed is not None and raised_at is not None and landed[1] >= raised_at:
+                return landed[0], False
             flight = self._flights[fingerprint] = Flight(fingerprint)
             return flight, True
 
     def land(self, flight: Flight, recovered: bool) -> None:
+        now = time.monotonic()
         with self._lock:
             if self._flights.get(flight.fingerprint) is flight:
                 del self._flights[flight.fingerprint]
+            self._landed[flight.fingerprint] = (flight, now)
+            if len(self._landed) > 64:  # bounded: forget what no failure can still be waiting for
+                for key, (_, at) in list(self._landed.items()):
+                    if now - at > LANDED_FOR:
+                        del self._landed[key]
         if not flight.done.done():
             flight.done.set_result(recovered)
 

@@ -104,7 +104,10 @@ class Recovery:
         self.block: Block | None = block
         # The unit of work the failed code ran in; the recovery's own when it ran in none.
         self.unit = block.unit if block.unit is not None else Unit()
-        self.deadline = Deadline(settings.timeout, began)
+        # When the failure entered (before any wait for the loop's lane): the budget starts
+        # there, and a single flight that landed since still answers it.
+        self.began = time.monotonic() if began is None else began
+        self.deadline = Deadline(settings.timeout, self.began)
         self.id = "rec_" + os.urandom(6).hex()
         self.fingerprint = fingerprint(exc)
         self.started_at = time.time()
