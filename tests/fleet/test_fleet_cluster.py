@@ -81,8 +81,9 @@ def test_processes_on_a_cluster_run_one_agent_and_the_others_apply_its_fix(
     results = {value: _result(outputs[w.pid]) for value, w in zip((1, 2, 3), workers, strict=True)}
     assert results == {1: 10, 2: 20, 3: 30}
     events = {pid: _events(lines) for pid, lines in outputs.items()}
-    assert not [e for found in events.values() for e in found
+    degraded = [e for found in events.values() for e in found
                 if e["event"] == "coordination.degraded"]  # fmt: skip
+    assert not degraded, degraded
     (leader,) = [pid for pid, found in events.items()
                  if any(e["event"] == "fleet.fix_published" for e in found)]  # fmt: skip
     for pid, found in events.items():

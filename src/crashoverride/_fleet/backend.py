@@ -39,17 +39,15 @@ from crashoverride._fleet.scripts import (
     BUDGET,
     FAILED,
     LAND,
-    MAX_WAKE,
     OUTCOME_MS,
     RENEW,
     announce,
     keys_for,
     ms,
-    newer,
-    outcome_and_lease,
     release,
     token_of,
 )
+from crashoverride._fleet.waiter import wait_outcome
 from crashoverride._observe import events
 from crashoverride._repair import journal, recipes, watch
 from crashoverride._security.redact import fixed
@@ -265,7 +263,10 @@ class Fleet:
             rec.tag(fleet_role="waiter", fencing_token=token)
             began = time.monotonic()
             outcome = await self.link.run(
-                functools.partial(self._wait, keys=keys, token=token), bound=None
+                functools.partial(
+                    wait_outcome, keys=keys, token=token, bound=self.option.op_timeout
+                ),
+                bound=None,
             )
             rec.waited += time.monotonic() - began
             if outcome is None:
@@ -334,37 +335,6 @@ class Fleet:
             f"fleet budget reached: at most {budget} agent runs per minute across the fleet "
             "(max_agent_runs_per_minute); no agent ran for this failure"
         )
-
-    async def _wait(self, client: Any, keys: dict[str, str], token: int) -> dict[str, Any] | None:
-        """On the helper loop: the outcome of episode ``token`` or a later one; None when the
-        lease lapsed without one. Subscribe first, then look: nothing published is missed."""
-        import asyncio
-
-        bound = self.option.op_timeout
-        pubsub = client.pubsub()
-        try:
-            async with asyncio.timeout(bound):  # a connection of its own: no longer than a call
-                await pubsub.subscribe(keys["channel"])
-            while True:
-                async with asyncio.timeout(bound):
-                    raw, left_ms = await outcome_and_lease(client, keys)
-                outcome = newer(raw, token)
-                if outcome is not None:
-                    return outcome
-                if left_ms == -2:  # no lease and no outcome: the holder is gone
-                    return None
-                wake = min(MAX_WAKE, max(left_ms, 0) / 1000 + 0.05)
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wake)
-                if message is not None:
-                    outcome = newer(message.get("data"), token)
-                    if outcome is not None:
-                        return outcome
-        finally:
-            try:
-                async with asyncio.timeout(bound):
-                    await pubsub.aclose()
-            except Exception:  # a dead connection: nothing left to close cleanly
-                pass
 
     async def _apply(self, rec: Recovery, stored: bytes, call: Dispatch) -> bool:
         """Apply a stored fix record here; whether code changed now."""
