@@ -32,9 +32,11 @@ Measured:
   ``SELECT``, a Cluster client's ``CLUSTER SLOTS``...) is shown apart: a waiter opens a
   connection of its own to subscribe, each time. The process's other failures of the burst
   join its own leader and send nothing.
-* waiters' added latency: when a waiter process's last unit got its answer, minus when the
-  leader process's last one did (both in-process replays included), over every waiter and
-  burst: p50/p95 (goal < 5 ms).
+* waiters' added latency: when a waiter process's first unit got its answer (the one that
+  waited in Redis, replayed through the applied fix), minus when the leader's agent run ended
+  (its ``recovery.succeeded``), over every waiter and burst: p50/p95 (goal < 5 ms). Also shown:
+  the same for each waiter process's last unit, after its other failures of the burst replayed
+  too (on a machine with fewer cores than processes, those replays contend for them).
 
 Needs ``redis-server`` and ``redis-cli`` (7+) on PATH.
 
@@ -69,7 +71,7 @@ PATCH = (
     "                 f'def transform_{{k}}(value):\\n    return value * 10\\n')\n"
     "rerun()"
 )
-WATCHED = ("fleet.fix_applied", "fleet.fix_published", "coordination.degraded")
+WATCHED = ("fleet.fix_applied", "fleet.fix_published", "coordination.degraded", "run.ended")
 SETUP = ("CLIENT", "SELECT", "CLUSTER", "COMMAND", "HELLO", "READONLY", "PING")
 
 
@@ -88,8 +90,11 @@ def _worker(url: str, cluster: bool, namespace: str, bursts: int, failures: int,
     seen: list[tuple[str, float]] = []
 
     def stamp(_: Any, __: str, event: dict[str, Any]) -> Any:
-        if event["event"] in WATCHED or os.environ.get("BENCH_ALL_EVENTS"):
-            seen.append((event["event"], time.time(), event.get("fleet_role"), event.get("reason")))
+        name = event["event"]
+        if name == "recovery.succeeded" and event.get("fleet_role") == "leader":
+            name = "run.ended"  # the leader's agent run and its verdict are over
+        if name in WATCHED:
+            seen.append((name, time.time()))
         raise structlog.DropEvent
 
     structlog.configure(processors=[stamp], logger_factory=structlog.ReturnLoggerFactory())
@@ -129,7 +134,8 @@ def _worker(url: str, cluster: bool, namespace: str, bursts: int, failures: int,
             answers = anyio.run(burst, k)
             runs = sum(1 for r in model.requests[served:]
                        if not any(m.get("role") == "tool" for m in r.body["messages"]))  # fmt: skip
-            report = {"began": began, "last": max(t for t, _ in answers), "runs": runs,
+            report = {"began": began, "first": min(t for t, _ in answers),
+                      "last": max(t for t, _ in answers), "runs": runs,
                       "correct": all(ok for _, ok in answers), "events": seen}  # fmt: skip
             print(json.dumps(report), flush=True)
 
@@ -195,7 +201,7 @@ def _fleet(urls: tuple[str, list[int]], cluster: bool, processes: int, failures:
 
 def _figures(reports: list[dict[str, Any]], commands: list[dict[str, Any]],
              names: list[str]) -> dict[str, Any]:  # fmt: skip
-    runs, spread, added, degraded = [], [], [], 0
+    runs, spread, added, added_last, degraded = [], [], [], [], 0
     leader_cmds: list[tuple[int, int, int]] = []
     waiter_cmds: list[tuple[int, int, int]] = []
     correct = True
@@ -203,7 +209,7 @@ def _figures(reports: list[dict[str, Any]], commands: list[dict[str, Any]],
     for index, burst in enumerate(reports):
         correct = correct and all(r["correct"] for r in burst.values())
         runs.append(sum(r["runs"] for r in burst.values()))
-        degraded += sum(1 for r in burst.values() for e, *_ in r["events"]
+        degraded += sum(1 for r in burst.values() for e, _ in r["events"]
                         if e == "coordination.degraded")  # fmt: skip
         leaders = [name for name, r in burst.items() if r["runs"]]
         if len(leaders) != 1:
@@ -214,13 +220,16 @@ def _figures(reports: list[dict[str, Any]], commands: list[dict[str, Any]],
         per_process = {name: _count(window, name) for name in names}
         leader_cmds.append(per_process[leader])
         waiter_cmds.extend(per_process[name] for name in names if name != leader)
-        last = burst[leader]["last"]
+        ended = [t for e, t in burst[leader]["events"] if e == "run.ended"]
         applied = [t for name, r in burst.items() if name != leader
-                   for e, t, *_ in r["events"] if e == "fleet.fix_applied"]  # fmt: skip
+                   for e, t in r["events"] if e == "fleet.fix_applied"]  # fmt: skip
         if lands and len(applied) == len(names) - 1:
             spread.append((max(applied) - lands[0]) * 1000)
-        added.extend((r["last"] - last) * 1000 for name, r in burst.items() if name != leader)
-    return {"runs": runs, "spread": spread, "added": added, "leader": leader_cmds,
+        others = [r for name, r in burst.items() if name != leader]
+        added.extend((r["first"] - ended[0]) * 1000 for r in others if ended)
+        added_last.extend((r["last"] - ended[0]) * 1000 for r in others if ended)
+    return {"runs": runs, "spread": spread, "added": added, "added_last": added_last,
+            "leader": leader_cmds,
             "waiter": waiter_cmds, "degraded": degraded, "correct": correct}  # fmt: skip
 
 
@@ -229,6 +238,10 @@ def _count(window: list[dict[str, Any]], name: str) -> tuple[int, int, int]:
     mine = [c for c in window if c["name"] == name]
     setup = sum(1 for c in mine if c["command"] in SETUP)
     return len(mine) - setup, setup, sum(c["lua"] for c in mine)
+
+
+def _median(values: list[int]) -> float:
+    return statistics.median(values) if values else float("nan")
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -241,9 +254,9 @@ def _pct(values: list[float], q: float) -> float:
 def _rows(label: str, found: dict[str, Any], shape: str) -> list[Row]:
     if not found["correct"]:
         raise RuntimeError(f"{label}: a unit got a wrong answer")
-    spread, added = found["spread"], found["added"]
-    lead = [statistics.median(c[i] for c in found["leader"]) for i in range(3)]
-    wait = [statistics.median(c[i] for c in found["waiter"]) for i in range(3)]
+    spread, added, last = found["spread"], found["added"], found["added_last"]
+    lead = [_median([c[i] for c in found["leader"]]) for i in range(3)]
+    wait = [_median([c[i] for c in found["waiter"]]) for i in range(3)]
     bursts = len(found["runs"])
     return [
         row(f"fleet at scale ({shape}, {label}): agent runs per burst, fleet-wide",
@@ -263,17 +276,21 @@ def _rows(label: str, found: dict[str, Any], shape: str) -> list[Row]:
                  f"its scripts ran {wait[2]:.0f} more; median of the waiters"),
         row(f"fleet at scale ({shape}, {label}): waiters' added latency beyond the leader, p95",
             _pct(added, 0.95), "ms", target="< 5 ms",
-            note=f"p50 {_pct(added, 0.5):.1f} ms; last answer of each waiter process minus "
-                 "the leader process's"),
+            note=f"p50 {_pct(added, 0.5):.1f} ms; a waiter process's first answer minus the "
+                 "end of the leader's run; its last answer (every failure of the burst "
+                 f"replayed): p50 {_pct(last, 0.5):.1f} ms, p95 {_pct(last, 0.95):.1f} ms"),
     ]  # fmt: skip
 
 
-def run(processes: int = 8, failures: int = 25, bursts: int = 20, work: float = 0.5) -> list[Row]:
+def run(
+    processes: int = 8, failures: int = 25, bursts: int = 20, work: float = 0.5,
+    op_timeout: float = 0.1,
+) -> list[Row]:  # fmt: skip
     shape = f"{processes} processes x {failures} identical failures"
     with redis_server() as single:
-        alone = _fleet(single, False, processes, failures, bursts, work)
+        alone = _fleet(single, False, processes, failures, bursts, work, op_timeout)
     with redis_cluster() as nodes:
-        cluster = _fleet(nodes, True, processes, failures, bursts, work)
+        cluster = _fleet(nodes, True, processes, failures, bursts, work, op_timeout)
     return [*_rows("Redis", alone, shape), *_rows("Redis Cluster, 3 masters", cluster, shape)]
 
 
@@ -297,5 +314,7 @@ if __name__ == "__main__":
     parser.add_argument("--failures", type=int, default=25)
     parser.add_argument("--bursts", type=int, default=20)
     parser.add_argument("--work", type=float, default=0.5)
+    parser.add_argument("--op-timeout", type=float, default=0.1)  # RedisCoordination's default
     options = parser.parse_args()
-    print(format_table(run(options.processes, options.failures, options.bursts, options.work)))
+    shape = (options.processes, options.failures, options.bursts, options.work, options.op_timeout)
+    print(format_table(run(*shape)))

@@ -160,8 +160,10 @@ class Fleet:
                 recipe=recipe.snippets if recipe is not None else (), turns=report.turns,
             )  # fmt: skip
             stored = records.sign(record, self.option.key)
-        outcome = json.dumps({"token": lease.token, "recovered": succeeded,
-                              "fix": report.fix_record or None})  # fmt: skip
+        heard = {"token": lease.token, "recovered": succeeded, "fix": report.fix_record or None}
+        outcome = json.dumps(heard)
+        # The waiters hear the record with the outcome: applied at once, not read first.
+        message = json.dumps(heard | {"record": stored}) if stored else outcome
         keys, option, settings = lease.keys, self.option, rec.settings
         ran = rec.running
         if not ran and not succeeded:
@@ -181,7 +183,7 @@ class Fleet:
             landed: int = await client.eval(
                 LAND, 4, keys["lease"], keys["fence"], keys["outcome"], keys["fix"],
                 lease.value, lease.token, outcome, keys["channel"], stored, OUTCOME_MS,
-                ms(option.record_ttl),
+                ms(option.record_ttl), message,
             )  # fmt: skip
             if landed and stored:
                 await announce(client, option, keys["fix"])  # for eager and late processes
@@ -274,7 +276,11 @@ class Fleet:
                 continue
             fix = outcome.get("fix")
             if outcome["recovered"] and fix:
-                stored = await self.link.run(lambda client: client.get(keys["fix"]))
+                stored = outcome.get("record")  # heard with the outcome, verified all the same
+                if isinstance(stored, str):
+                    stored = stored.encode()
+                else:  # read from the stored outcome: the record is the fix key's
+                    stored = await self.link.run(lambda client: client.get(keys["fix"]))
                 if stored is not None:
                     await self._apply(rec, stored, call)
             return Joined(False, bool(outcome["recovered"]))
