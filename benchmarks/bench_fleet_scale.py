@@ -293,6 +293,8 @@ def run(
     op_timeout: float = 0.1,
 ) -> list[Row]:  # fmt: skip
     shape = f"{processes} processes x {failures} identical failures"
+    if op_timeout != 0.1:  # not the default users get
+        shape += f", op_timeout {op_timeout:g} s"
     with redis_server() as single:
         alone = _fleet(single, False, processes, failures, bursts, work, op_timeout)
     with redis_cluster() as nodes:
