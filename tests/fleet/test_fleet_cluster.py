@@ -21,7 +21,14 @@ import pytest
 
 from tests.fleet.support import new_namespace
 from tests.integrations.fleet_procs import agent_runs
-from tests.integrations.test_fleet_processes import HERE, ROOT, lines_of, mock_model, stop
+from tests.integrations.test_fleet_processes import (
+    CHECKOUT,
+    HERE,
+    ROOT,
+    lines_of,
+    mock_model,
+    stop,
+)
 from tests.integrations.topology_servers import redis_cluster
 
 
@@ -44,9 +51,9 @@ def test_processes_on_a_cluster_run_one_agent_and_the_others_apply_its_fix(
     cluster_url: str,
 ) -> None:
     with mock_model("celery") as mock:
-        path = os.pathsep.join((str(ROOT / "src"), str(ROOT)))  # this checkout's package
         env = {**os.environ, "FLEET_MODEL_URL": mock.url, "FLEET_REDIS_URL": cluster_url,
-               "FLEET_NS": new_namespace(), "FLEET_CLUSTER": "1", "PYTHONPATH": path}  # fmt: skip
+               "FLEET_NS": new_namespace(), "FLEET_CLUSTER": "1",
+               "PYTHONPATH": CHECKOUT}  # fmt: skip
         workers = [
             subprocess.Popen(
                 [*HERE, "worker", str(value)],
