@@ -173,18 +173,20 @@ class Fleet:
             return
 
         async def publish(client: Any) -> int:
-            if ran:  # the fleet breaker learns the result of every agent run
-                if succeeded:
-                    await client.delete(keys["fails"], keys["open"])
-                else:
-                    await client.eval(FAILED, 2, keys["fails"], keys["open"],
-                                      ms(settings.breaker_window), settings.breaker_threshold,
-                                      ms(settings.breaker_cooldown))  # fmt: skip
+            # The fleet breaker learns the result of every agent run: a failure before the
+            # waiters hear it (the next failure finds the breaker as it now is), a success
+            # after (the waiters do not wait for a round trip that is not theirs).
+            if ran and not succeeded:
+                await client.eval(FAILED, 2, keys["fails"], keys["open"],
+                                  ms(settings.breaker_window), settings.breaker_threshold,
+                                  ms(settings.breaker_cooldown))  # fmt: skip
             landed: int = await client.eval(
                 LAND, 4, keys["lease"], keys["fence"], keys["outcome"], keys["fix"],
                 lease.value, lease.token, outcome, keys["channel"], stored, OUTCOME_MS,
                 ms(option.record_ttl), message,
             )  # fmt: skip
+            if ran and succeeded:
+                await client.delete(keys["fails"], keys["open"])
             if landed and stored:
                 await announce(client, option, keys["fix"])  # for eager and late processes
             return landed
