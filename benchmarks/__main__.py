@@ -32,6 +32,7 @@ MODULES = [
     "benchmarks.bench_eval",
     "benchmarks.bench_patch_watch",
     "benchmarks.bench_scaling",  # also draws benchmarks/scaling.svg
+    "benchmarks.bench_fleet_scale",  # 8 processes on a Redis, then on a Redis Cluster
     # Last: declaring an effect is for the whole process (every ``with`` then opens a unit).
     "benchmarks.bench_effects",
 ]

@@ -165,6 +165,9 @@ def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
         ({"apply_fixes": "sometimes"}, "apply_fixes"),
         ({"lease": 0}, "lease"),
         ({"max_agent_runs_per_minute": 0}, "max_agent_runs_per_minute"),
+        ({"cluster": "yes"}, "cluster"),
+        ({"url": "unix:///run/redis.sock", "cluster": True}, "cluster"),
+        ({"url": "redis://localhost:6379/3", "cluster": True}, "cluster"),
     ],
 )
 def test_bad_options_fail_at_construction_and_name_the_argument(
@@ -199,6 +202,15 @@ def test_a_client_factory_replaces_the_url() -> None:
     assert option.url is None and "client_factory" in repr(option)
     with pytest.raises(ConfigurationError):
         RedisCoordination("redis://localhost", client_factory=lambda: None, key=FLEET_KEY)
+    with pytest.raises(ConfigurationError) as caught:  # it builds a client of its own
+        RedisCoordination(client_factory=lambda: None, cluster=True, key=FLEET_KEY)
+    assert caught.value.argument == "cluster"
+
+
+@pytest.mark.parametrize("url", ["redis://node-0:7000", "rediss://:pw@node-1:7001/0"])
+def test_a_cluster_is_any_nodes_url(url: str) -> None:
+    option = RedisCoordination(url, cluster=True, key=FLEET_KEY)
+    assert option.cluster and "cluster=True" in repr(option) and "pw" not in repr(option)
 
 
 def test_default_is_in_process() -> None:

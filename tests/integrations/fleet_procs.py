@@ -2,7 +2,8 @@
 worker process, and a Celery app for a prefork worker.
 
 Configured through the environment (``FLEET_MODEL_URL``, ``FLEET_REDIS_URL``, ``FLEET_NS``,
-``FLEET_LEASE``), since uvicorn and Celery import the app themselves in every process.
+``FLEET_LEASE``, ``FLEET_CLUSTER``: the URL is a Redis Cluster node's), since uvicorn and
+Celery import the app themselves in every process.
 
     python -m tests.integrations.fleet_procs mock SCENARIO   # prints the base URL; on stdin EOF
                                                              # prints the requests as JSON
@@ -44,6 +45,7 @@ def crash_override(**options: Any) -> CrashOverride:
     fleet = RedisCoordination(
         env["FLEET_REDIS_URL"], namespace=env["FLEET_NS"], key=KEY,
         lease=float(env.get("FLEET_LEASE", "5")), op_timeout=1.0,  # a loaded machine, not slow
+        cluster=bool(env.get("FLEET_CLUSTER")),
     )  # fmt: skip
     return CrashOverride(
         model="fleet-model", base_url=env["FLEET_MODEL_URL"], api_key="sk-fleet", timeout=30,

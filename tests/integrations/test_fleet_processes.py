@@ -27,6 +27,7 @@ from tests.integrations.fleet_procs import agent_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = [sys.executable, "-m", "tests.integrations.fleet_procs"]
+CHECKOUT = os.pathsep.join([str(ROOT / "src"), str(ROOT)])  # this checkout's package and tests
 
 
 class Mock:
@@ -88,7 +89,7 @@ def fleet_env(mock: Mock, url: str, **extra: str) -> dict[str, str]:
     namespace = new_namespace()
     USED[url].append(namespace)
     return {**os.environ, "FLEET_MODEL_URL": mock.url, "FLEET_REDIS_URL": url,
-            "FLEET_NS": namespace, "PYTHONPATH": str(ROOT), **extra}  # fmt: skip
+            "FLEET_NS": namespace, "PYTHONPATH": CHECKOUT, **extra}  # fmt: skip
 
 
 def stop(proc: subprocess.Popen[Any], *pumps: threading.Thread) -> None:
@@ -353,7 +354,7 @@ def test_a_forked_child_coordinates_through_a_client_of_its_own() -> None:
         USED[url].append(namespace)
         done = subprocess.run(
             [sys.executable, "-c", FORKED, url, namespace], cwd=ROOT, capture_output=True,
-            text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            text=True, timeout=60, env={**os.environ, "PYTHONPATH": CHECKOUT},
         )  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.strip().splitlines()]

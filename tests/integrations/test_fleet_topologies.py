@@ -39,7 +39,7 @@ HELD_PATCH = PATCH.replace(  # once the test says so: the other app's failures w
     "await anyio.sleep(0.3)", "await anyio.to_thread.run_sync(RELEASE.wait, abandon_on_cancel=True)"
 )
 RELEASE = threading.Event()
-TOPOLOGIES = ["cluster", "sentinel", "tls"]
+TOPOLOGIES = ["cluster", "cluster_url", "sentinel", "tls"]
 
 
 def transform(value: int) -> int:
@@ -70,18 +70,37 @@ class Deployment:
         options.setdefault("key", FLEET_KEY)
         options.setdefault("op_timeout", 2.0)  # a loaded test machine is no slow Redis
         if self.url is not None:
-            return RedisCoordination(self.url, namespace=namespace, **options)
+            return RedisCoordination(self.url, namespace=namespace, cluster=self.cluster,
+                                     **options)  # fmt: skip
         return RedisCoordination(client_factory=self.make, namespace=namespace, **options)
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Deployment]:
+def cluster_node() -> Iterator[str]:
+    with redis_cluster() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_node: str) -> Deployment:
+    """A client of the user's own making (``client_factory``)."""
     import redis
     import redis.asyncio
 
-    with redis_cluster() as url:
-        yield Deployment(lambda: redis.asyncio.RedisCluster.from_url(url),
-                         lambda: redis.RedisCluster.from_url(url), cluster=True)  # fmt: skip
+    url = cluster_node
+    return Deployment(lambda: redis.asyncio.RedisCluster.from_url(url),
+                      lambda: redis.RedisCluster.from_url(url), cluster=True)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cluster_url(cluster_node: str) -> Deployment:
+    """``RedisCoordination(url, cluster=True)``: the fleet builds the Cluster client."""
+    import redis
+    import redis.asyncio
+
+    url = cluster_node
+    return Deployment(lambda: redis.asyncio.RedisCluster.from_url(url),
+                      lambda: redis.RedisCluster.from_url(url), url=url, cluster=True)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

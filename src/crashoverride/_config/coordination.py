@@ -81,11 +81,18 @@ class RedisCoordination:
             across a fleet"). A run later than this finds nothing and makes its effects again.
             Journal entries are signed with ``key``: without one the journal stays in each
             process.
-        client_factory: Builds the ``redis.asyncio`` client instead of ``from_url``: a Cluster
-            (``redis.asyncio.RedisCluster.from_url(...)``), a Sentinel-managed master
-            (``redis.asyncio.sentinel.Sentinel([...]).master_for(name)``; the Sentinel's own
-            connections are closed with the client), custom TLS. Called on coordination's own
-            thread for each connection attempt (once per process while Redis answers).
+        cluster: ``url`` is the address of any node of a Redis Cluster (``redis://`` or
+            ``rediss://``, database 0, the only one a Cluster has): the client is redis-py's
+            ``redis.asyncio.RedisCluster``, built as ``RedisCluster.from_url(url)`` and with the
+            fleet's bounds (no retries, ``op_timeout``). It finds the other nodes and follows
+            slots as they move; every key of one failure shares a hash tag, so each step is one
+            node's. The URL's query string is read as for a single server
+            (``?ssl_ca_certs=...``).
+        client_factory: Builds the ``redis.asyncio`` client instead of ``from_url``: a
+            Sentinel-managed master (``redis.asyncio.sentinel.Sentinel([...]).master_for(name)``;
+            the Sentinel's own connections are closed with the client), a Cluster client of
+            your own making, custom TLS. Called on coordination's own thread for each
+            connection attempt (once per process while Redis answers).
 
     Raises:
         ConfigurationError: An argument is invalid; the error names it. Or redis-py is not
@@ -93,7 +100,7 @@ class RedisCoordination:
     """
 
     __slots__ = (
-        "apply_fixes", "client_factory", "journal_ttl", "key", "lease",
+        "apply_fixes", "client_factory", "cluster", "journal_ttl", "key", "lease",
         "max_agent_runs_per_minute", "namespace", "op_timeout", "record_ttl", "retry_after", "url",
     )  # fmt: skip
 
@@ -110,6 +117,7 @@ class RedisCoordination:
         max_agent_runs_per_minute: int | None = None,
         record_ttl: float = 7 * 86_400,
         journal_ttl: float = 86_400,
+        cluster: bool = False,
         client_factory: Callable[[], Any] | None = None,
     ) -> None:
         self.url = _url(url)
@@ -118,6 +126,7 @@ class RedisCoordination:
         if (self.url is None) == (client_factory is None):
             raise ConfigurationError("url", "pass exactly one of url and client_factory")
         self.client_factory = client_factory
+        self.cluster = _cluster(cluster, self.url)
         if not isinstance(namespace, str) or not namespace.strip():
             raise ConfigurationError("namespace", "must be a non-empty str")
         if any(char in namespace for char in "{}") or any(c.isspace() for c in namespace):
@@ -143,7 +152,27 @@ class RedisCoordination:
 
     def __repr__(self) -> str:
         where = "client_factory" if self.url is None else "url=<hidden>"
+        where += ", cluster=True" if self.cluster else ""
         return f"RedisCoordination({where}, namespace={self.namespace!r})"
+
+
+def _cluster(cluster: object, url: str | None) -> bool:
+    if not isinstance(cluster, bool):
+        raise ConfigurationError("cluster", f"expected a bool, got {type(cluster).__name__}")
+    if not cluster:
+        return False
+    if url is None:
+        raise ConfigurationError(
+            "cluster", "needs url= (any node's address): a client_factory builds its own client"
+        )
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        raise ConfigurationError("cluster", "a Cluster is reached over TCP: redis:// or rediss://")
+    if parts.path.strip("/") not in ("", "0"):  # redis-py would refuse it at the first failure
+        raise ConfigurationError("cluster", "a Cluster has database 0 only: drop the /N from url")
+    return True
 
 
 def _require_redis() -> None:

@@ -39,17 +39,15 @@ from crashoverride._fleet.scripts import (
     BUDGET,
     FAILED,
     LAND,
-    MAX_WAKE,
     OUTCOME_MS,
     RENEW,
     announce,
     keys_for,
     ms,
-    newer,
-    outcome_and_lease,
     release,
     token_of,
 )
+from crashoverride._fleet.waiter import wait_outcome
 from crashoverride._observe import events
 from crashoverride._repair import journal, recipes, watch
 from crashoverride._security.redact import fixed
@@ -162,8 +160,10 @@ class Fleet:
                 recipe=recipe.snippets if recipe is not None else (), turns=report.turns,
             )  # fmt: skip
             stored = records.sign(record, self.option.key)
-        outcome = json.dumps({"token": lease.token, "recovered": succeeded,
-                              "fix": report.fix_record or None})  # fmt: skip
+        heard = {"token": lease.token, "recovered": succeeded, "fix": report.fix_record or None}
+        outcome = json.dumps(heard)
+        # The waiters hear the record with the outcome: applied at once, not read first.
+        message = json.dumps(heard | {"record": stored}) if stored else outcome
         keys, option, settings = lease.keys, self.option, rec.settings
         ran = rec.running
         if not ran and not succeeded:
@@ -173,18 +173,20 @@ class Fleet:
             return
 
         async def publish(client: Any) -> int:
-            if ran:  # the fleet breaker learns the result of every agent run
-                if succeeded:
-                    await client.delete(keys["fails"], keys["open"])
-                else:
-                    await client.eval(FAILED, 2, keys["fails"], keys["open"],
-                                      ms(settings.breaker_window), settings.breaker_threshold,
-                                      ms(settings.breaker_cooldown))  # fmt: skip
+            # The fleet breaker learns the result of every agent run: a failure before the
+            # waiters hear it (the next failure finds the breaker as it now is), a success
+            # after (the waiters do not wait for a round trip that is not theirs).
+            if ran and not succeeded:
+                await client.eval(FAILED, 2, keys["fails"], keys["open"],
+                                  ms(settings.breaker_window), settings.breaker_threshold,
+                                  ms(settings.breaker_cooldown))  # fmt: skip
             landed: int = await client.eval(
                 LAND, 4, keys["lease"], keys["fence"], keys["outcome"], keys["fix"],
                 lease.value, lease.token, outcome, keys["channel"], stored, OUTCOME_MS,
-                ms(option.record_ttl),
+                ms(option.record_ttl), message,
             )  # fmt: skip
+            if ran and succeeded:
+                await client.delete(keys["fails"], keys["open"])
             if landed and stored:
                 await announce(client, option, keys["fix"])  # for eager and late processes
             return landed
@@ -265,7 +267,10 @@ class Fleet:
             rec.tag(fleet_role="waiter", fencing_token=token)
             began = time.monotonic()
             outcome = await self.link.run(
-                functools.partial(self._wait, keys=keys, token=token), bound=None
+                functools.partial(
+                    wait_outcome, keys=keys, token=token, bound=self.option.op_timeout
+                ),
+                bound=None,
             )
             rec.waited += time.monotonic() - began
             if outcome is None:
@@ -273,7 +278,11 @@ class Fleet:
                 continue
             fix = outcome.get("fix")
             if outcome["recovered"] and fix:
-                stored = await self.link.run(lambda client: client.get(keys["fix"]))
+                stored = outcome.get("record")  # heard with the outcome, verified all the same
+                if isinstance(stored, str):
+                    stored = stored.encode()
+                else:  # read from the stored outcome: the record is the fix key's
+                    stored = await self.link.run(lambda client: client.get(keys["fix"]))
                 if stored is not None:
                     await self._apply(rec, stored, call)
             return Joined(False, bool(outcome["recovered"]))
@@ -334,37 +343,6 @@ class Fleet:
             f"fleet budget reached: at most {budget} agent runs per minute across the fleet "
             "(max_agent_runs_per_minute); no agent ran for this failure"
         )
-
-    async def _wait(self, client: Any, keys: dict[str, str], token: int) -> dict[str, Any] | None:
-        """On the helper loop: the outcome of episode ``token`` or a later one; None when the
-        lease lapsed without one. Subscribe first, then look: nothing published is missed."""
-        import asyncio
-
-        bound = self.option.op_timeout
-        pubsub = client.pubsub()
-        try:
-            async with asyncio.timeout(bound):  # a connection of its own: no longer than a call
-                await pubsub.subscribe(keys["channel"])
-            while True:
-                async with asyncio.timeout(bound):
-                    raw, left_ms = await outcome_and_lease(client, keys)
-                outcome = newer(raw, token)
-                if outcome is not None:
-                    return outcome
-                if left_ms == -2:  # no lease and no outcome: the holder is gone
-                    return None
-                wake = min(MAX_WAKE, max(left_ms, 0) / 1000 + 0.05)
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wake)
-                if message is not None:
-                    outcome = newer(message.get("data"), token)
-                    if outcome is not None:
-                        return outcome
-        finally:
-            try:
-                async with asyncio.timeout(bound):
-                    await pubsub.aclose()
-            except Exception:  # a dead connection: nothing left to close cleanly
-                pass
 
     async def _apply(self, rec: Recovery, stored: bytes, call: Dispatch) -> bool:
         """Apply a stored fix record here; whether code changed now."""

@@ -281,7 +281,14 @@ def _from_url(option: RedisCoordination) -> Any:
     # No retries: a Redis that does not answer at once is treated as down (fall back in-process),
     # never retried while a recovery waits. Opening a socket (a TLS handshake included) may take
     # as long as the background attempt: no recovery waits for it beyond its op_timeout.
-    return redis.asyncio.from_url(
-        option.url, socket_connect_timeout=CONNECT_FACTOR * option.op_timeout,
-        retry=Retry(NoBackoff(), 0), health_check_interval=0,
-    )  # fmt: skip
+    bounds: dict[str, Any] = {
+        "socket_connect_timeout": CONNECT_FACTOR * option.op_timeout,
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 0,
+    }
+    if option.cluster:
+        # A Cluster client still follows MOVED and ASK redirects (a slot that moved is not a
+        # failure); a node that does not answer is one, as for a single server, and the
+        # client asks the cluster for its slots again at the next command.
+        return redis.asyncio.RedisCluster.from_url(option.url, **bounds)
+    return redis.asyncio.from_url(option.url, **bounds)

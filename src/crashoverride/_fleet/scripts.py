@@ -34,13 +34,14 @@ redis.call('PUBLISH', ARGV[2], 'released')
 return 1
 """
 # KEYS: lease, fence, outcome, fix. ARGV: lease value, token, outcome, channel, signed record
-# or '', outcome ms, record ms. Fenced: nothing is written unless the token is the newest.
+# or '', outcome ms, record ms[, the message published: the outcome with the record, which the
+# waiters then need not read]. Fenced: nothing is written unless the token is the newest.
 LAND: Final = """
 if tonumber(redis.call('GET', KEYS[2])) ~= tonumber(ARGV[2]) then return 0 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 if ARGV[5] ~= '' then redis.call('SET', KEYS[4], ARGV[5], 'PX', ARGV[7]) end
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[6])
-redis.call('PUBLISH', ARGV[4], ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[8] or ARGV[3])
 return 1
 """
 # KEYS: fails, open. ARGV: window ms, threshold, cool-down ms.
