@@ -33,9 +33,13 @@ async def lane() -> AsyncIterator[None]:
     if asyncio is None or loop is None:  # trio or another backend: its own scheduling
         yield
         return
-    lock = _LANES.get(loop)
-    if lock is None:
-        lock = _LANES[loop] = asyncio.Lock()
+    try:
+        lock = _LANES.get(loop)
+        if lock is None:
+            lock = _LANES[loop] = asyncio.Lock()
+    except TypeError:  # a loop that cannot be weakly referenced: no lane, never a failure
+        yield
+        return
     async with lock:
         # Holding the lane, one iteration first: the failures that arrived with this one queue
         # behind it (a cheap step each) instead of running their heavy steps in this same
