@@ -38,6 +38,8 @@ async def lane() -> AsyncIterator[None]:
         if lock is None:
             lock = _LANES[loop] = asyncio.Lock()
     except TypeError:  # a loop that cannot be weakly referenced: no lane, never a failure
+        lock = None
+    if lock is None:
         yield
         return
     async with lock:
