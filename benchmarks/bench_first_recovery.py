@@ -21,6 +21,8 @@ check that waits is a request the recovery froze: the worst one is the longest s
   collections over the sessions' objects (about 1,100 tracked objects a session).
 * burst-defaults (informational): the same burst with the default limits (four agent runs at a
   time; the others wait for a slot within their budget).
+* burst-bare (contrast): the same burst against the same app without the middleware: what the
+  server itself costs the loop when 500 requests arrive together.
 
     python -m benchmarks.bench_first_recovery [--burst 500] [--timeout 8] [--repeats 5]
 """
@@ -41,7 +43,7 @@ from typing import Any
 from benchmarks._common import Row, format_table, row
 
 STALL_TARGET = "< 100 ms"
-SCENARIOS = ("first", "lazy", "burst", "burst-defaults")
+SCENARIOS = ("first", "lazy", "burst", "burst-defaults", "burst-bare")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -90,6 +92,8 @@ def _app(scenario: str, model_url: str, timeout: float, burst: int) -> Any:
 
     routes = [Route("/health", health), Route("/fail", fail)]
     app = Starlette(routes=routes)
+    if scenario == "burst-bare":  # the contrast: the same app and burst, no crashoverride
+        return app
     app.add_middleware(
         CrashOverrideMiddleware, crash_override=co, prompt="Answer the request.", timeout=timeout,
         warm_up=scenario != "lazy",
@@ -306,6 +310,7 @@ def run(burst: int = 500, timeout: float = 8.0, repeats: int = 5) -> list[Row]:
     times = many["times"]
     inside = many["server_times"]
     limited = measure("burst-defaults", burst, timeout)
+    bare = measure("burst-bare", burst, timeout)
 
     def first_note(r: dict[str, Any], what: str) -> str:
         return (
@@ -346,6 +351,13 @@ def run(burst: int = 500, timeout: float = 8.0, repeats: int = 5) -> list[Row]:
             note=f"{many['polls']} health checks; worst before the burst "
             f"{many['quiet'] * 1000:.1f} ms; the SDK sessions run on the agent loop's thread; "
             f"{burst} agent sessions alive at once",
+        ),
+        row(
+            f"burst of {burst} failing requests: worst /health latency, crashoverride vs the "
+            "same app without it",
+            many["worst"] * 1000, "ms", baseline=bare["worst"] * 1000,
+            note=f"contrast: the bare app answers the burst's 500s at once; what uvicorn and "
+            f"Starlette cost the loop for {burst} requests arriving together is in both",
         ),
         row(
             f"burst of {burst} failing requests, default limits (4 agent runs at a time): "
