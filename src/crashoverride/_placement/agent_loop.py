@@ -115,6 +115,19 @@ def running() -> asyncio.AbstractEventLoop | None:
     return current.loop if current is not None and current.alive() else None
 
 
+def _forget_in_child() -> None:
+    # A fork child has no agent thread: it starts its own on first use. The lock is made anew,
+    # as a thread of the parent may have held it at the fork.
+    global _lock, _current
+    _lock = threading.Lock()
+    _current = None
+    _DETACHED.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 @atexit.register
 def _stop_at_exit() -> None:
     current = _current
