@@ -49,7 +49,11 @@ class _AgentLoop:
         self.loop = _new_loop()
         self._ready = threading.Event()
         self.thread = threading.Thread(target=self._serve, name=THREAD_NAME, daemon=True)
-        self.thread.start()
+        try:
+            self.thread.start()
+        except RuntimeError:  # interpreter shutdown: no new thread, so no agent loop
+            self.loop.close()
+            raise
         self._ready.wait()
 
     def _serve(self) -> None:
@@ -145,7 +149,10 @@ async def run_session(main: Callable[[], Coroutine[Any, Any, T]], deadline: Dead
     blocked in a thread keeps the SDK waiting); the caller's cancellation then propagates
     unchanged. A session still running then is left behind (held, its result retrieved).
     """
-    loop = agent_loop()
+    try:
+        loop = agent_loop()
+    except RuntimeError:  # no new thread at interpreter shutdown: the session runs here
+        return await in_own_task(main, deadline)
     done: concurrent.futures.Future[T] = concurrent.futures.Future()
     started: list[asyncio.Task[T]] = []
     context = contextvars.copy_context()
@@ -207,6 +214,33 @@ def cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> Non
 
 def _cancel_next(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
     loop.call_soon(task.cancel)
+
+
+async def in_own_task(main: Callable[[], Coroutine[Any, Any, T]], deadline: Deadline) -> T:
+    """Run ``main()`` as a task of its own on the running loop (not the agent loop).
+
+    For the owner-thread placement's worker loop (it serves one recovery), and when the agent
+    loop cannot be started (interpreter shutdown refuses new threads). A task of its own: the
+    SDK handles cancellation of its tool tasks itself and may re-raise a fresh CancelledError,
+    which must not reach the caller's cancel scopes.
+    """
+    task = asyncio.get_running_loop().create_task(main())
+    try:
+        await asyncio.wait([task])
+    finally:
+        if not task.done():
+            with anyio.CancelScope(shield=True):  # the caller's scope cancelled us
+                # One loop iteration first: a task the SDK has just created (its model turn)
+                # takes its first step, so cancelling it never drops a coroutine unstarted.
+                await asyncio.sleep(0)
+                task.cancel()
+                # Bounded: a tool blocked in a thread keeps the SDK waiting for it.
+                await asyncio.wait([task], timeout=max(0.05, deadline.hard - time.monotonic()))
+            if not task.done():
+                keep_until_done(task)
+    if task.cancelled():
+        raise RuntimeError("the agent run was cancelled from inside")
+    return task.result()
 
 
 def keep_until_done(task: asyncio.Task[Any]) -> None:

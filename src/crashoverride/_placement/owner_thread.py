@@ -17,9 +17,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from inspect import isawaitable
 from typing import Any, TypeVar
 
-import anyio
-
-from crashoverride._placement.agent_loop import keep_until_done
+from crashoverride._placement.agent_loop import in_own_task
 from crashoverride._placement.bridge import JOIN, AgentThread, Dispatch, Job, Placement, Session
 from crashoverride._placement.deadline import Deadline
 
@@ -40,28 +38,8 @@ class OwnerThread(Placement):
         return await asyncio.wrap_future(future)
 
     async def run_session(self, session: Session[T], dispatch: Dispatch, deadline: Deadline) -> T:
-        """The session on this worker thread's own loop (it serves this one recovery), in a task
-        of its own: the SDK handles cancellation of its tool tasks itself and may re-raise a
-        fresh CancelledError, which must not reach the pipeline's cancel scope."""
-        task = asyncio.get_running_loop().create_task(session(dispatch, None))
-        try:
-            await asyncio.wait([task])
-        finally:
-            if not task.done():
-                with anyio.CancelScope(shield=True):  # the deadline's scope cancelled us
-                    # One loop iteration first: a task the SDK has just created (its model
-                    # turn) takes its first step, so cancelling it never drops a coroutine
-                    # unstarted.
-                    await asyncio.sleep(0)
-                    task.cancel()
-                    # Bounded: a tool blocked in a thread keeps the SDK waiting for it.
-                    timeout = max(0.05, deadline.hard - time.monotonic())
-                    await asyncio.wait([task], timeout=timeout)
-                if not task.done():
-                    keep_until_done(task)
-        if task.cancelled():
-            raise RuntimeError("the agent run was cancelled from inside")
-        return task.result()
+        """The session on this worker thread's own loop: it serves this one recovery."""
+        return await in_own_task(lambda: session(dispatch, None), deadline)
 
 
 def drive(main: Callable[[Placement], Coroutine[Any, Any, T]], deadline: Deadline) -> T:
