@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
+
+if TYPE_CHECKING:
+    from agents.testing import ScriptedModel
 
 
 def wait_for(condition: Callable[[], Any], seconds: float = 20, what: str = "") -> None:
@@ -49,3 +52,13 @@ def recurse_to_the_limit(forever: Callable[[int], Any], pads: range) -> list[Bas
         assert innermost.name == forever.__name__ or ours, (pad, innermost)
         raised_all.append(raised.value)
     return raised_all
+
+
+def first_input(model: ScriptedModel) -> str:
+    """The text the agent was first given (exception, traceback, brief)."""
+    call = model.first_call
+    assert call is not None
+    items = call.input
+    if isinstance(items, str):
+        return items
+    return "\n".join(str(item.get("content", "")) for item in items if isinstance(item, dict))

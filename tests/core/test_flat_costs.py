@@ -19,6 +19,7 @@ from crashoverride._placement.frames import CallerLocals
 from crashoverride._security import bounded, masking, secrets
 from crashoverride._security.text import safe_repr, summarize_locals
 from crashoverride.testing import eval_python, give_up, script
+from tests.helpers import first_input
 
 # ---------------------------------------------------------------- reads of a frame's locals
 
@@ -265,15 +266,6 @@ class _Money:
         return f"Money({self.cents / 100:.2f} EUR)"
 
 
-def _first_text(model: Any) -> str:
-    call = model.first_call
-    assert call is not None
-    items = call.input
-    if isinstance(items, str):
-        return items
-    return "\n".join(str(item.get("content", "")) for item in items if isinstance(item, dict))
-
-
 def test_a_local_whose_repr_renders_all_its_data_is_shown_without_calling_that_repr() -> None:
     _Hoard.renders = 0
     model = script(eval_python("hoard"), give_up("cannot fix the import"))
@@ -286,7 +278,7 @@ def test_a_local_whose_repr_renders_all_its_data_is_shown_without_calling_that_r
         raise error
     assert raised.value is error  # the user's exception, untouched
     assert _Hoard.renders == 0  # 3 million items were never rendered to show 160 characters
-    text = _first_text(model)
+    text = first_input(model)
     assert len(text) < 64_000
     # What the model is told instead: the type, why, and the object's attributes, walked here.
     assert "hoard (_Hoard) = <_Hoard object, repr not called (its data would render" in text

@@ -11,17 +11,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import uvicorn
-from agents.testing import ScriptedModel
 
-
-def first_input(model: ScriptedModel) -> str:
-    """The text the agent was first given (exception, traceback, brief)."""
-    call = model.first_call
-    assert call is not None
-    items = call.input
-    if isinstance(items, str):
-        return items
-    return "\n".join(str(item.get("content", "")) for item in items if isinstance(item, dict))
+from tests.helpers import first_input  # noqa: F401  (re-exported for the ASGI tests)
 
 
 def decorated(endpoint: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
